@@ -1,0 +1,73 @@
+// Per-format traits, element decoders and the scalar reference (the `scalar`
+// tier). Portable C++: no intrinsics, no Xbyak, builds on any architecture.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace moejit::formats {
+
+enum class Format : int32_t {
+  bf16 = 0,
+  nvfp4 = 1,
+  mxfp4 = 2,
+  ds_fp4 = 3,
+  q4_0 = 4,
+  fp8_block = 5,
+  q8_0 = 6,
+  mxfp8_e4m3 = 7,
+  mxfp8_e5m2 = 8,
+};
+constexpr int32_t kMaxFormatId = 8;
+
+enum class ScaleDtype : int32_t { bf16 = 0, f32 = 1 };
+
+const char* format_name(Format f);
+
+// ---- element decoders (formats.md "Element encodings") ----
+float bf16_to_f32(uint16_t v);
+uint16_t f32_to_bf16(float f);  // round to nearest even, NaN stays NaN
+float round_bf16(float f);      // f32 -> bf16 -> f32
+float fp16_to_f32(uint16_t h);
+float e4m3_to_f32(uint8_t b);  // 0x7F/0xFF decode to +-480
+float e5m2_to_f32(uint8_t b);
+float e2m1_to_f32(uint8_t code);  // low 4 bits used
+float e8m0_to_f32(uint8_t s);     // 255 -> NaN
+
+// ---- layout of one [rows, K] matrix ----
+struct Layout {
+  Format format = Format::bf16;
+  ScaleDtype scale_dtype = ScaleDtype::bf16;
+  int32_t group = 32;   // elements per scale (mx*: 32/64/128, nvfp4 16, fp8_block 128)
+  int64_t rows = 0;
+  int64_t k = 0;
+  int64_t scale_stride = 0;  // scale elements between scale rows (already resolved, never 0 when scaled)
+};
+
+// K rule of a format (returns false and a reason when K is not allowed).
+bool k_is_valid(Format f, int32_t group, int64_t k, const char** why);
+bool has_block_scales(Format f);  // scales pointer used
+bool has_row_scales(Format f);    // nvfp4 global
+int32_t default_group(Format f, int32_t group_size);
+int64_t row_bytes(Format f, int64_t k);                              // weight bytes of one row
+int64_t scale_cols(Format f, int32_t group, int64_t k);              // scale elements per scale row
+int64_t scale_rows(Format f, int64_t rows);                          // number of scale rows
+int64_t scale_elem_bytes(Format f, ScaleDtype dt);                   // bytes per scale element
+int64_t scale_row_of(Format f, int64_t row);                         // which scale row a weight row uses
+
+// One matrix as the engine holds it.
+struct MatrixRef {
+  const void* data = nullptr;
+  const void* scales = nullptr;
+  const float* row_scales = nullptr;
+};
+
+// Exact dequantized weight w(r, k) (as double: every format's value is exact).
+double weight(const Layout& l, const MatrixRef& m, int64_t r, int64_t k);
+
+// The scalar tier: y[i] = dot(row r0+i, x) in fp32 for `n` rows. x is fp32
+// (already widened from bf16). Per scale block the exact products are summed in
+// fp32 and the block sum is scaled and added, like the generated kernels.
+void gemv_scalar(const Layout& l, const MatrixRef& m, int64_t r0, int64_t n, const float* x, float* y);
+
+}  // namespace moejit::formats
