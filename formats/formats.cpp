@@ -105,7 +105,7 @@ bool k_is_valid(Format f, int32_t group, int64_t k, const char** why) {
       return k % 16 == 0;
     default:
       if (k % group) {
-        *why = group == 128 ? "must be a multiple of the group size 128"
+        *why = group == 128  ? "must be a multiple of the group size 128"
                : group == 64 ? "must be a multiple of the group size 64"
                              : "must be a multiple of 32 for this format";
         return false;
@@ -194,7 +194,8 @@ float block_scale(const Layout& l, const MatrixRef& m, int64_t r, int64_t b, con
     case Format::mxfp4:
     case Format::ds_fp4:
     case Format::mxfp8_e4m3:
-    case Format::mxfp8_e5m2: return e8m0_to_f32(static_cast<const uint8_t*>(m.scales)[r * l.scale_stride + b]);
+    case Format::mxfp8_e5m2:
+      return e8m0_to_f32(static_cast<const uint8_t*>(m.scales)[r * l.scale_stride + b]);
   }
   return 0.0f;
 }

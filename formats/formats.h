@@ -38,7 +38,7 @@ float e8m0_to_f32(uint8_t s);     // 255 -> NaN
 struct Layout {
   Format format = Format::bf16;
   ScaleDtype scale_dtype = ScaleDtype::bf16;
-  int32_t group = 32;   // elements per scale (mx*: 32/64/128, nvfp4 16, fp8_block 128)
+  int32_t group = 32;  // elements per scale (mx*: 32/64/128, nvfp4 16, fp8_block 128)
   int64_t rows = 0;
   int64_t k = 0;
   int64_t scale_stride = 0;  // scale elements between scale rows (already resolved, never 0 when scaled)
@@ -49,11 +49,11 @@ bool k_is_valid(Format f, int32_t group, int64_t k, const char** why);
 bool has_block_scales(Format f);  // scales pointer used
 bool has_row_scales(Format f);    // nvfp4 global
 int32_t default_group(Format f, int32_t group_size);
-int64_t row_bytes(Format f, int64_t k);                              // weight bytes of one row
-int64_t scale_cols(Format f, int32_t group, int64_t k);              // scale elements per scale row
-int64_t scale_rows(Format f, int64_t rows);                          // number of scale rows
-int64_t scale_elem_bytes(Format f, ScaleDtype dt);                   // bytes per scale element
-int64_t scale_row_of(Format f, int64_t row);                         // which scale row a weight row uses
+int64_t row_bytes(Format f, int64_t k);                  // weight bytes of one row
+int64_t scale_cols(Format f, int32_t group, int64_t k);  // scale elements per scale row
+int64_t scale_rows(Format f, int64_t rows);              // number of scale rows
+int64_t scale_elem_bytes(Format f, ScaleDtype dt);       // bytes per scale element
+int64_t scale_row_of(Format f, int64_t row);             // which scale row a weight row uses
 
 // One matrix as the engine holds it.
 struct MatrixRef {

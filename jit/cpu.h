@@ -1,0 +1,18 @@
+// Host CPU facts moejit cares about (CPUID + OS support, via Xbyak::util::Cpu).
+#pragma once
+
+#include "jit/kernel_key.h"
+
+namespace moejit::jit {
+
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512_bf16 = false;
+};
+
+const CpuFeatures& host_features();
+// Best tier this build can generate on this CPU (scalar when the JIT is unavailable).
+Isa host_isa();
+bool isa_available(Isa isa);
+
+}  // namespace moejit::jit

@@ -1,0 +1,58 @@
+// The GEMV kernel family: y[m][r] = dot(W row r, x[m]) in fp32 for `rows`
+// consecutive rows and `tokens` activation vectors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "jit/kernel_key.h"
+
+namespace moejit::jit {
+
+// Argument struct of every GEMV kernel (read by offset in the generator).
+struct GemvArgs {
+  const void* w;            // weight bytes of the first row
+  const void* scales;       // scale row used by the first row (formats with block scales)
+  const float* row_scales;  // nvfp4 per-row globals of the first row
+  const void* x;            // prepared activations, `tokens` vectors of x_stride(k) elements
+  float* y;                 // y[m * rows + r]
+};
+static_assert(offsetof(GemvArgs, w) == 0 && offsetof(GemvArgs, scales) == 8 &&
+                  offsetof(GemvArgs, row_scales) == 16 && offsetof(GemvArgs, x) == 24 &&
+                  offsetof(GemvArgs, y) == 32,
+              "GemvArgs layout is read by generated code");
+
+using GemvFn = void (*)(const GemvArgs*);
+
+// Prepared activations are padded with zeros to a multiple of 64 elements so
+// full-vector loads past K read zeros.
+inline int64_t x_stride(int64_t k) { return (k + 63) / 64 * 64; }
+// The avx512_bf16 tier consumes bf16 activation pairs; other tiers fp32.
+inline bool x_is_bf16(Isa isa) { return isa == Isa::avx512_bf16; }
+
+// Largest tokens-per-call a generated kernel holds in registers for this tier.
+int max_tokens_per_call(Isa isa, int32_t format);
+
+// Generated code. Owns its executable memory (read+exec, never writable).
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  const KernelKey& key() const { return key_; }
+  GemvFn fn() const { return fn_; }
+  const uint8_t* code() const { return reinterpret_cast<const uint8_t*>(fn_); }
+  size_t code_size() const { return size_; }
+
+ protected:
+  KernelKey key_{};
+  GemvFn fn_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Checks that this build can generate `key` (format, ISA, sizes); sets *why if not.
+bool gemv_supported(const KernelKey& key, std::string* why);
+// Generates a kernel (no cache). nullptr and *err on failure.
+std::shared_ptr<const Kernel> generate_gemv(const KernelKey& key, std::string* err);
+
+}  // namespace moejit::jit

@@ -1,0 +1,445 @@
+// GEMV generator: one body for every format and tier. A format contributes
+// "load and widen one step of weights" and its scale rule; a tier contributes
+// the vector width, the register budget and the multiply instruction.
+#include <algorithm>
+#include <new>
+#include <vector>
+
+#include "formats/formats.h"
+#include "jit/cpu.h"
+#include "jit/gemv.h"
+#include "jit/generator.h"
+
+namespace moejit::jit {
+
+using formats::Format;
+using namespace Xbyak;
+
+namespace {
+
+constexpr int kBlock = 128;  // elements per inner block (fp8_block scale block; unrolled chunk otherwise)
+
+bool format_has_jit(Format f) { return f == Format::bf16 || f == Format::fp8_block; }
+
+struct TierTraits {
+  int vec_bytes;  // 32 (ymm) or 64 (zmm)
+  int step;       // weights consumed per multiply instruction
+  int acc_first;  // first accumulator register
+  int acc_count;  // registers available for accumulators
+};
+
+TierTraits tier_traits(Isa isa) {
+  switch (isa) {
+    case Isa::avx2: return {32, 8, 4, 12};
+    case Isa::avx512: return {64, 16, 8, 24};
+    case Isa::avx512_bf16: return {64, 32, 8, 24};
+    default: return {0, 0, 0, 0};
+  }
+}
+
+bool scaled_format(Format f) { return f == Format::fp8_block; }
+
+// Rows of one register tile: accumulators are rows x tokens (x2 with block scales).
+int tile_rows(Isa isa, Format f, int tokens) {
+  const int per_row = tokens * (scaled_format(f) ? 2 : 1);
+  const int budget = tier_traits(isa).acc_count;
+  for (int rt : {8, 4, 2, 1})
+    if (rt * per_row <= budget) return rt;
+  return 0;
+}
+
+class GemvGenerator : public Generator {
+ public:
+  explicit GemvGenerator(const KernelKey& key)
+      : key_(key),
+        fmt_(static_cast<Format>(key.format)),
+        isa_(key.isa),
+        tt_(tier_traits(key.isa)),
+        scaled_(scaled_format(fmt_)),
+        wbytes_(fmt_ == Format::bf16 ? 2 : 1),
+        xbytes_(x_is_bf16(key.isa) ? 2 : 4),
+        row_bytes_(formats::row_bytes(fmt_, key.k)),
+        xstride_bytes_(x_stride(key.k) * (x_is_bf16(key.isa) ? 2 : 4)),
+        rt_(tile_rows(key.isa, fmt_, key.tokens)) {}
+
+  bool generate(std::string* err) {
+    emit_body();
+    return finalize(err);
+  }
+  const KernelKey& key() const { return key_; }
+
+ private:
+  // ---- register roles ----
+  const Reg64 reg_wt = rsi;    // weights of the current row tile
+  const Reg64 reg_y = rdx;     // y of the current row tile
+  const Reg64 reg_x0 = rcx;    // prepared activations
+  const Reg64 reg_s0 = r8;     // scale row
+  const Reg64 reg_wk = r9;     // weight cursor along K
+  const Reg64 reg_xk = r10;    // activation cursor along K
+  const Reg64 reg_sk = r11;    // scale cursor along K
+  const Reg64 reg_kb = rax;    // block counter
+  const Reg64 reg_tmp = rbx;   // scratch (callee-saved)
+  const Reg64 reg_tile = r12;  // tile counter (callee-saved)
+  const Opmask k_tail = k1;
+  const Opmask k_sub = k2;
+
+  Xmm vec(int idx) const {
+    if (tt_.vec_bytes == 64) return Zmm(idx);
+    return Ymm(idx);
+  }
+  Xmm v_w() const { return vec(0); }      // widened weights
+  Xmm v_t() const { return vec(1); }      // decode temporary
+  Xmm v_c0() const { return vec(2); }     // decode constant
+  Xmm v_scale() const { return vec(3); }  // broadcast block scale
+  // avx512_bf16 e4m3 -> bf16 constants
+  Zmm z_c_3c00() const { return Zmm(4); }
+  Zmm z_c_0078() const { return Zmm(5); }
+  Zmm z_sub_tbl() const { return Zmm(6); }
+  Zmm z_c_8000() const { return Zmm(7); }
+  // accumulators: acc(r, m) per block, tot(r, m) across blocks (scaled formats)
+  Xmm acc(int r, int m) const { return vec(tt_.acc_first + r * key_.tokens + m); }
+  Xmm tot(int r, int m) const {
+    return scaled_ ? vec(tt_.acc_first + rt_ * key_.tokens + r * key_.tokens + m) : acc(r, m);
+  }
+
+  void emit_body() {
+    push(reg_tmp);
+    push(reg_tile);
+    mov(reg_wt, ptr[reg_args + offsetof(GemvArgs, w)]);
+    mov(reg_s0, ptr[reg_args + offsetof(GemvArgs, scales)]);
+    mov(reg_x0, ptr[reg_args + offsetof(GemvArgs, x)]);
+    mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
+    emit_constants();
+
+    const int full_tiles = key_.rows / rt_;
+    const int rem_rows = key_.rows % rt_;
+    if (full_tiles > 0) {
+      Label l_tile;
+      mov(reg_tile, full_tiles);
+      L(l_tile);
+      emit_tile(rt_);
+      add(reg_wt, rt_ * row_bytes_);
+      add(reg_y, rt_ * 4);
+      dec(reg_tile);
+      jnz(l_tile, T_NEAR);
+    }
+    if (rem_rows > 0) emit_tile(rem_rows);
+
+    vzeroupper();
+    pop(reg_tile);
+    pop(reg_tmp);
+    ret();
+    emit_data();
+  }
+
+  void emit_constants() {
+    if (fmt_ != Format::fp8_block) return;
+    if (isa_ == Isa::avx512_bf16) {
+      broadcast_u32(v_c0(), 0x87F087F0u, reg_tmp.cvt32());  // sign + exponent/mantissa bits after << 4
+      broadcast_u32(z_c_3c00(), 0x3C003C00u, reg_tmp.cvt32());
+      broadcast_u32(z_c_0078(), 0x00780078u, reg_tmp.cvt32());
+      broadcast_u32(z_c_8000(), 0x80008000u, reg_tmp.cvt32());
+      vmovdqu16(z_sub_tbl(), ptr[rip + l_sub_tbl_]);
+    } else {
+      broadcast_u32(v_c0(), 0xBF80BF80u, reg_tmp.cvt32());  // keep sign and e4m3 bits after << 7
+    }
+  }
+
+  void emit_data() {
+    if (fmt_ != Format::fp8_block || isa_ != Isa::avx512_bf16) return;
+    align(64);
+    L(l_sub_tbl_);
+    // bf16 of e4m3 subnormal magnitudes m * 2^-9, indexed by the low 5 bits (m = low 3).
+    for (int i = 0; i < 32; ++i) dw(formats::f32_to_bf16(float(i & 7) / 512.0f));
+  }
+
+  // One row tile of nr rows over all of K.
+  void emit_tile(int nr) {
+    const int64_t nfull = key_.k / kBlock;
+    const int tail = int(key_.k % kBlock);
+    for (int r = 0; r < nr; ++r)
+      for (int m = 0; m < key_.tokens; ++m) vxorps(tot(r, m), tot(r, m), tot(r, m));
+    mov(reg_wk, reg_wt);
+    mov(reg_xk, reg_x0);
+    mov(reg_sk, reg_s0);
+    if (nfull > 0) {
+      Label l_blk;
+      mov(reg_kb, nfull);
+      L(l_blk);
+      emit_block(nr, kBlock);
+      add(reg_wk, kBlock * wbytes_);
+      add(reg_xk, kBlock * xbytes_);
+      if (scaled_) add(reg_sk, scale_bytes());
+      dec(reg_kb);
+      jnz(l_blk, T_NEAR);
+    }
+    if (tail > 0) emit_block(nr, tail);
+    emit_store(nr);
+  }
+
+  int scale_bytes() const { return key_.scale_dtype == 1 ? 4 : 2; }
+
+  // n elements (<= kBlock) starting at the cursors; the last step may be partial.
+  void emit_block(int nr, int n) {
+    if (scaled_)
+      for (int r = 0; r < nr; ++r)
+        for (int m = 0; m < key_.tokens; ++m) vxorps(acc(r, m), acc(r, m), acc(r, m));
+    for (int s = 0; s * tt_.step < n; ++s) {
+      const int off = s * tt_.step;
+      const int cnt = std::min(tt_.step, n - off);
+      if (cnt < tt_.step && isa_ != Isa::avx2) set_tail_mask(cnt);
+      for (int r = 0; r < nr; ++r) {
+        load_weights(r, off, cnt);
+        for (int m = 0; m < key_.tokens; ++m) multiply(acc(r, m), m, off);
+      }
+    }
+    if (scaled_) apply_block_scale(nr);
+  }
+
+  void set_tail_mask(int cnt) {
+    mov(reg_tmp, (uint64_t(1) << cnt) - 1);
+    kmovq(k_tail, reg_tmp);
+  }
+
+  Address w_addr(int r, int off) const { return ptr[reg_wk + r * row_bytes_ + off * wbytes_]; }
+  Address x_addr(int m, int off) const { return ptr[reg_xk + m * xstride_bytes_ + off * xbytes_]; }
+
+  // Exact partial load of `bytes` (< 16) bytes into an xmm for the avx2 tail.
+  void load_partial_xmm(const Xmm& dst, int r, int off, int bytes) {
+    const RegExp base = reg_wk + r * row_bytes_ + off * wbytes_;
+    int done = 0;
+    if (bytes >= 8) {
+      vmovq(dst, ptr[base]);
+      done = 8;
+    } else if (bytes >= 4) {
+      vmovd(dst, ptr[base]);
+      done = 4;
+    } else {
+      vpxor(dst, dst, dst);
+    }
+    if (bytes - done >= 4) {
+      vpinsrd(dst, dst, ptr[base + done], done / 4);
+      done += 4;
+    }
+    if (bytes - done >= 2) {
+      vpinsrw(dst, dst, ptr[base + done], done / 2);
+      done += 2;
+    }
+    if (bytes - done >= 1) vpinsrb(dst, dst, ptr[base + done], done);
+  }
+
+  // Leaves `cnt` widened weights of row r at `off` in v_w() (zeros beyond cnt).
+  void load_weights(int r, int off, int cnt) {
+    const bool partial = cnt < tt_.step;
+    const Xmm xt = Xmm(v_t().getIdx());
+    const Ymm yt = Ymm(v_t().getIdx());
+    if (fmt_ == Format::bf16) {
+      switch (isa_) {
+        case Isa::avx2:
+          if (partial) {
+            load_partial_xmm(xt, r, off, cnt * 2);
+            vpmovzxwd(v_w(), xt);
+          } else {
+            vpmovzxwd(v_w(), w_addr(r, off));
+          }
+          vpslld(v_w(), v_w(), 16);
+          break;
+        case Isa::avx512:
+          if (partial) {
+            vmovdqu16(yt | k_tail | T_z, w_addr(r, off));
+            vpmovzxwd(v_w(), yt);
+          } else {
+            vpmovzxwd(v_w(), w_addr(r, off));
+          }
+          vpslld(v_w(), v_w(), 16);
+          break;
+        case Isa::avx512_bf16:
+          if (partial)
+            vmovdqu16(v_w() | k_tail | T_z, w_addr(r, off));
+          else
+            vmovdqu16(v_w(), w_addr(r, off));
+          break;
+        default: break;
+      }
+      return;
+    }
+    // e4m3
+    switch (isa_) {
+      case Isa::avx2: {
+        const Xmm xw = Xmm(v_w().getIdx());
+        if (partial) {
+          load_partial_xmm(xt, r, off, cnt);
+          vpmovsxbw(xw, xt);
+        } else {
+          vpmovsxbw(xw, w_addr(r, off));
+        }
+        // fp16 bits of e4m3 * 2^-8: (sx(b) << 7) & 0xBF80
+        vpsllw(xw, xw, 7);
+        vpand(xw, xw, Xmm(v_c0().getIdx()));
+        vcvtph2ps(v_w(), xw);
+        break;
+      }
+      case Isa::avx512: {
+        const Ymm yw = Ymm(v_w().getIdx());
+        if (partial) {
+          vmovdqu8(xt | k_tail | T_z, w_addr(r, off));
+          vpmovsxbw(yw, xt);
+        } else {
+          vpmovsxbw(yw, w_addr(r, off));
+        }
+        vpsllw(yw, yw, 7);
+        vpand(yw, yw, Ymm(v_c0().getIdx()));
+        vcvtph2ps(v_w(), yw);
+        break;
+      }
+      case Isa::avx512_bf16: {
+        // sx = sign-extended byte; normal: ((sx << 4) & 0x87F0) + 0x3C00; exponent 0: table[m]; then | sign.
+        const Zmm zw = Zmm(v_w().getIdx());
+        const Zmm zt = Zmm(v_t().getIdx());
+        if (partial) {
+          vmovdqu8(yt | k_tail | T_z, w_addr(r, off));
+          vpmovsxbw(zt, yt);
+        } else {
+          vpmovsxbw(zt, w_addr(r, off));
+        }
+        vpsllw(zw, zt, 4);
+        vpandd(zw, zw, Zmm(v_c0().getIdx()));
+        vpaddw(zw, zw, z_c_3c00());
+        vptestnmw(k_sub, zt, z_c_0078());
+        vpermw(zw | k_sub, zt, z_sub_tbl());
+        vpternlogd(zw, zt, z_c_8000(), 0xF8);  // zw | (zt & 0x8000)
+        break;
+      }
+      default: break;
+    }
+  }
+
+  void multiply(const Xmm& a, int m, int off) {
+    if (isa_ == Isa::avx512_bf16)
+      vdpbf16ps(a, v_w(), x_addr(m, off));
+    else
+      vfmadd231ps(a, v_w(), x_addr(m, off));
+  }
+
+  void apply_block_scale(int nr) {
+    if (key_.scale_dtype == 1) {
+      vbroadcastss(v_scale(), ptr[reg_sk]);
+    } else {
+      movzx(reg_tmp.cvt32(), word[reg_sk]);
+      shl(reg_tmp.cvt32(), 16);
+      vmovd(Xmm(v_scale().getIdx()), reg_tmp.cvt32());
+      vbroadcastss(v_scale(), Xmm(v_scale().getIdx()));
+    }
+    for (int r = 0; r < nr; ++r)
+      for (int m = 0; m < key_.tokens; ++m) vfmadd231ps(tot(r, m), acc(r, m), v_scale());
+  }
+
+  // Horizontal sums to y[m * rows + r]; the fp16 widening's 2^-8 is undone here.
+  void emit_store(int nr) {
+    const bool fp16_trick = fmt_ == Format::fp8_block && isa_ != Isa::avx512_bf16;
+    if (fp16_trick) broadcast_u32(v_scale(), 0x43800000u, reg_tmp.cvt32());  // 256.0f
+    const Xmm x0 = Xmm(0), x1 = Xmm(1);
+    const Ymm y0 = Ymm(0), y1 = Ymm(1);
+    for (int r = 0; r < nr; ++r) {
+      for (int m = 0; m < key_.tokens; ++m) {
+        if (fp16_trick)
+          vmulps(v_w(), tot(r, m), v_scale());
+        else
+          vmovaps(v_w(), tot(r, m));
+        if (tt_.vec_bytes == 64) {
+          vextractf64x4(y1, Zmm(0), 1);
+          vaddps(y0, y0, y1);
+        }
+        vextractf128(x1, y0, 1);
+        vaddps(x0, x0, x1);
+        vmovhlps(x1, x1, x0);
+        vaddps(x0, x0, x1);
+        vmovshdup(x1, x0);
+        vaddss(x0, x0, x1);
+        vmovss(ptr[reg_y + (m * key_.rows + r) * 4], x0);
+      }
+    }
+  }
+
+  KernelKey key_;
+  Format fmt_;
+  Isa isa_;
+  TierTraits tt_;
+  bool scaled_;
+  int wbytes_;
+  int xbytes_;
+  int64_t row_bytes_;
+  int64_t xstride_bytes_;
+  int rt_;
+  Label l_sub_tbl_;
+};
+
+class GeneratedKernel : public Kernel {
+ public:
+  explicit GeneratedKernel(std::unique_ptr<GemvGenerator> gen) : gen_(std::move(gen)) {
+    key_ = gen_->key();
+    fn_ = gen_->getCode<GemvFn>();
+    size_ = gen_->getSize();
+  }
+
+ private:
+  std::unique_ptr<GemvGenerator> gen_;
+};
+
+}  // namespace
+
+int max_tokens_per_call(Isa isa, int32_t format) {
+  const Format f = static_cast<Format>(format);
+  const int per_row = scaled_format(f) ? 2 : 1;
+  const int budget = tier_traits(isa).acc_count;
+  return budget / per_row;
+}
+
+bool gemv_supported(const KernelKey& key, std::string* why) {
+  const Format f = static_cast<Format>(key.format);
+  if (key.format < 0 || key.format > formats::kMaxFormatId || !format_has_jit(f)) {
+    *why = std::string("no generated kernel for format ") + formats::format_name(f) + " yet";
+    return false;
+  }
+  if (key.isa != Isa::avx2 && key.isa != Isa::avx512 && key.isa != Isa::avx512_bf16) {
+    *why = std::string("no generator for tier ") + isa_name(key.isa);
+    return false;
+  }
+  if (!isa_available(key.isa)) {
+    *why = std::string("this CPU lacks tier ") + isa_name(key.isa);
+    return false;
+  }
+  if (key.k < 1 || key.rows < 1 || key.tokens < 1) {
+    *why = "k, rows and tokens must be >= 1";
+    return false;
+  }
+  if (key.tokens > max_tokens_per_call(key.isa, key.format)) {
+    *why = "tokens per call exceeds the register budget of " + std::string(isa_name(key.isa));
+    return false;
+  }
+  // Row offsets inside a tile and token offsets are 32-bit displacements.
+  const int64_t span = formats::row_bytes(f, key.k) * 8 + x_stride(key.k) * 4 * key.tokens;
+  if (span > (int64_t(1) << 30)) {
+    *why = "k is too large for 32-bit displacements";
+    return false;
+  }
+  if (f == Format::fp8_block && key.rows > 128) {
+    *why = "fp8_block kernels cover at most one 128-row scale block";
+    return false;
+  }
+  return true;
+}
+
+std::shared_ptr<const Kernel> generate_gemv(const KernelKey& key, std::string* err) {
+  if (!gemv_supported(key, err)) return nullptr;
+  Xbyak::ClearError();
+  std::unique_ptr<GemvGenerator> gen(new (std::nothrow) GemvGenerator(key));
+  if (!gen) {
+    *err = "out of memory";
+    return nullptr;
+  }
+  if (!gen->generate(err)) return nullptr;
+  return std::make_shared<GeneratedKernel>(std::move(gen));
+}
+
+}  // namespace moejit::jit

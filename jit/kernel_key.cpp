@@ -1,0 +1,58 @@
+#include "jit/kernel_key.h"
+
+#include "formats/formats.h"
+
+namespace moejit::jit {
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return "scalar";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+    case Isa::avx512_bf16: return "avx512_bf16";
+  }
+  return "unknown";
+}
+
+size_t KernelKey::hash() const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xFF;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(uint64_t(uint32_t(format)));
+  mix(uint64_t(uint32_t(k)));
+  mix(uint64_t(uint32_t(rows)));
+  mix(uint64_t(uint32_t(tokens)));
+  mix(uint64_t(scale_stride));
+  mix(uint64_t(uint32_t(scale_dtype)));
+  mix(uint64_t(uint32_t(group)));
+  mix(uint64_t(uint32_t(isa)));
+  mix(uint64_t(flags));
+  return size_t(h);
+}
+
+std::string KernelKey::name() const {
+  const auto f = static_cast<formats::Format>(format);
+  std::string n = formats::format_name(f);
+  n += "_k" + std::to_string(k) + "_r" + std::to_string(rows) + "_m" + std::to_string(tokens);
+  if (formats::has_block_scales(f)) {
+    n += "_s" + std::to_string(scale_stride);
+    if (f == formats::Format::fp8_block) n += scale_dtype == 1 ? "_f32" : "_bf16";
+    if (f == formats::Format::mxfp8_e4m3 || f == formats::Format::mxfp8_e5m2)
+      n += "_g" + std::to_string(group);
+  }
+  n += "_";
+  switch (isa) {
+    case Isa::scalar: n += "scalar"; break;
+    case Isa::avx2: n += "avx2"; break;
+    case Isa::avx512: n += "avx512"; break;
+    case Isa::avx512_bf16: n += "avx512bf16"; break;
+  }
+  if (flags) n += "_f" + std::to_string(flags);
+  return n;
+}
+
+}  // namespace moejit::jit

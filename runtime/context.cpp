@@ -1,0 +1,45 @@
+#include "runtime/context.h"
+
+namespace moejit {
+
+Context::Context(int num_threads, const std::vector<int>& cpus, jit::Isa isa, uint32_t flags)
+    : pool_(num_threads, cpus), isa_(isa), flags_(flags) {}
+
+bool Context::try_acquire(const void* owner) {
+  uint32_t expected = kIdle;
+  if (!state_.compare_exchange_strong(expected, kAcquired, std::memory_order_acq_rel)) return false;
+  owner_.store(owner, std::memory_order_release);
+  return true;
+}
+
+void Context::launch(const Job* job) {
+  pool_.start(job);
+  state_.store(kLaunched, std::memory_order_release);
+  state_.notify_all();
+}
+
+void Context::release() {
+  owner_.store(nullptr, std::memory_order_release);
+  state_.store(kIdle, std::memory_order_release);
+  state_.notify_all();
+}
+
+void Context::wait() {
+  std::lock_guard<std::mutex> lock(wait_mu_);
+  uint32_t s = state_.load(std::memory_order_acquire);
+  while (s == kAcquired) {  // the owner is between acquiring and launching
+    state_.wait(kAcquired, std::memory_order_acquire);
+    s = state_.load(std::memory_order_acquire);
+  }
+  if (s == kIdle) return;
+  pool_.wait();
+  owner_.store(nullptr, std::memory_order_release);
+  state_.store(kIdle, std::memory_order_release);
+  state_.notify_all();
+}
+
+void Context::wait_if_owner(const void* owner) {
+  if (owner_.load(std::memory_order_acquire) == owner) wait();
+}
+
+}  // namespace moejit

@@ -1,0 +1,48 @@
+// Context: thread pool, ISA tier, flags. One task in flight at a time.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "jit/kernel_key.h"
+#include "moejit.h"
+#include "runtime/thread_pool.h"
+
+namespace moejit {
+
+class Context {
+ public:
+  Context(int num_threads, const std::vector<int>& cpus, jit::Isa isa, uint32_t flags);
+  bool ok() const { return pool_.ok(); }
+  jit::Isa isa() const { return isa_; }
+  uint32_t flags() const { return flags_; }
+  int num_threads() const { return pool_.size(); }
+
+  // Claims the context for one task; false when one is already in flight.
+  bool try_acquire(const void* owner);
+  // Runs an acquired job on the pool (returns at once).
+  void launch(const Job* job);
+  // Gives an acquired context back without running anything.
+  void release();
+  // Waits for the task in flight, if any, and releases the context.
+  void wait();
+  // Waits only if the task in flight belongs to `owner`.
+  void wait_if_owner(const void* owner);
+
+ private:
+  ThreadPool pool_;
+  jit::Isa isa_;
+  uint32_t flags_;
+  enum : uint32_t { kIdle = 0, kAcquired = 1, kLaunched = 2 };
+  std::atomic<uint32_t> state_{kIdle};
+  std::atomic<const void*> owner_{nullptr};  // the object whose task is in flight
+  std::mutex wait_mu_;                       // serialises concurrent waiters
+};
+
+}  // namespace moejit
+
+struct moejit_context {
+  std::shared_ptr<moejit::Context> impl;
+};

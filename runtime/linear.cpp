@@ -1,0 +1,95 @@
+#include "runtime/linear.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+namespace moejit {
+
+moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConfig& cfg,
+                                  const moejit_matrix& w, std::unique_ptr<LinearLayer>* out,
+                                  std::string* err) {
+  std::unique_ptr<LinearLayer> l(new (std::nothrow) LinearLayer());
+  if (!l) return MOEJIT_OUT_OF_MEMORY;
+  l->ctx_ = std::move(ctx);
+  l->cfg_ = cfg;
+  formats::Layout lay;
+  lay.format = cfg.format;
+  lay.scale_dtype = cfg.scale_dtype;
+  lay.group = formats::default_group(cfg.format, cfg.group);
+  lay.rows = cfg.rows;
+  lay.k = cfg.cols;
+  lay.scale_stride =
+      w.scale_row_stride > 0 ? w.scale_row_stride : formats::scale_cols(cfg.format, lay.group, lay.k);
+  l->mm_.init(l->ctx_->isa(), lay);
+  l->w_ = {w.data, w.scales, w.row_scales};
+  l->bias_ = w.bias;
+  // Enough row blocks to keep every worker busy on small matrices.
+  const int64_t min_items = 4 * int64_t(l->ctx_->num_threads());
+  l->rb_ = cfg.rows >= 32 * min_items ? 32 : 16;
+  l->nblk_ = (cfg.rows + l->rb_ - 1) / l->rb_;
+  for (int64_t b = 0; b < l->nblk_; ++b) {
+    const int64_t r0 = b * l->rb_;
+    l->mm_.plan_rows(r0, std::min<int64_t>(l->rb_, cfg.rows - r0));
+  }
+  const moejit_status st = l->mm_.resolve(cfg.max_tokens, err);
+  if (st != MOEJIT_OK) return st;
+  l->xelem_ = l->mm_.x_bf16() ? 2 : 4;
+  try {
+    l->x_prep_.assign(size_t(cfg.max_tokens) * size_t(l->mm_.x_stride()) * l->xelem_, 0);
+    l->worker_floats_ = l->mm_.scratch_floats() + size_t(cfg.max_tokens) * size_t(l->rb_) + 16;
+    l->worker_scratch_.assign(l->worker_floats_ * size_t(l->ctx_->num_threads()), 0.0f);
+  } catch (const std::bad_alloc&) {
+    return MOEJIT_OUT_OF_MEMORY;
+  }
+  l->job_.run = &LinearLayer::run_item;
+  l->job_.self = l.get();
+  l->job_.num_phases = 1;
+  *out = std::move(l);
+  return MOEJIT_OK;
+}
+
+LinearLayer::~LinearLayer() {
+  if (ctx_) ctx_->wait_if_owner(this);
+}
+
+moejit_status LinearLayer::submit(int32_t T, const uint16_t* x, void* y) {
+  if (!ctx_->try_acquire(this)) return MOEJIT_BUSY;
+  tokens_ = T;
+  y_ = y;
+  const int64_t xs = mm_.x_stride();
+  for (int32_t t = 0; t < T; ++t) {
+    const uint16_t* src = x + int64_t(t) * cfg_.cols;
+    if (xelem_ == 2) {
+      std::memcpy(x_prep_.data() + size_t(t) * size_t(xs) * 2, src, size_t(cfg_.cols) * 2);
+    } else {
+      float* dst = reinterpret_cast<float*>(x_prep_.data()) + int64_t(t) * xs;
+      for (int32_t c = 0; c < cfg_.cols; ++c) dst[c] = formats::bf16_to_f32(src[c]);
+    }
+  }
+  job_.counts[0] = nblk_;
+  ctx_->launch(&job_);
+  return MOEJIT_OK;
+}
+
+void LinearLayer::run_item(void* self, int, int64_t item, int worker) {
+  auto* l = static_cast<LinearLayer*>(self);
+  const int64_t r0 = item * l->rb_;
+  const int64_t n = std::min<int64_t>(l->rb_, l->cfg_.rows - r0);
+  float* dot = l->worker_scratch_.data() + size_t(worker) * l->worker_floats_;
+  float* mscratch = dot + size_t(l->cfg_.max_tokens) * size_t(l->rb_);
+  l->mm_.run(l->w_, r0, n, l->tokens_, l->x_prep_.data(), dot, mscratch);
+  const int64_t rows = l->cfg_.rows;
+  for (int32_t t = 0; t < l->tokens_; ++t) {
+    for (int64_t i = 0; i < n; ++i) {
+      float v = dot[int64_t(t) * n + i];
+      if (l->bias_) v += formats::bf16_to_f32(l->bias_[r0 + i]);
+      if (l->cfg_.out_dtype == MOEJIT_DTYPE_BF16)
+        static_cast<uint16_t*>(l->y_)[int64_t(t) * rows + r0 + i] = formats::f32_to_bf16(v);
+      else
+        static_cast<float*>(l->y_)[int64_t(t) * rows + r0 + i] = v;
+    }
+  }
+}
+
+}  // namespace moejit

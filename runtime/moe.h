@@ -1,0 +1,84 @@
+// MoE layer: experts' banks read in place, kernels resolved at construction,
+// one decode call = pass 1 (gate/up + activation) and pass 2 (down + weighted
+// sum) split into row-block work items across the context's pool.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats/formats.h"
+#include "moejit.h"
+#include "runtime/activation.h"
+#include "runtime/context.h"
+#include "runtime/matmul.h"
+
+namespace moejit {
+
+struct MoeConfig {
+  formats::Format format = formats::Format::bf16;
+  formats::ScaleDtype scale_dtype = formats::ScaleDtype::bf16;
+  int32_t group = 0;
+  int32_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, max_tokens = 0;
+  ActivationParams act;
+  bool interleaved = false;
+  bool weight_on_input = false;
+  moejit_dtype out_dtype = MOEJIT_DTYPE_BF16;
+};
+
+class MoeLayer {
+ public:
+  // Builds the layer; arrays are copied. On failure returns the status and sets *err.
+  static moejit_status create(std::shared_ptr<Context> ctx, const MoeConfig& cfg,
+                              const moejit_matrix* gate_up, const moejit_matrix* down,
+                              std::unique_ptr<MoeLayer>* out, std::string* err);
+  ~MoeLayer();
+
+  // Arguments are already validated. Returns BUSY when the context has a task in flight.
+  moejit_status submit(int32_t num_tokens, const uint16_t* x, const int32_t* ids, const float* weights,
+                       void* y);
+  Context& context() { return *ctx_; }
+  moejit_moe_stats stats() const;
+  const MoeConfig& config() const { return cfg_; }
+
+ private:
+  MoeLayer() = default;
+  static void run_item(void* self, int phase, int64_t item, int worker);
+  void pass1(int64_t item, int worker);
+  void pass2(int64_t item, int worker);
+  uint64_t expert_bytes() const;
+
+  std::shared_ptr<Context> ctx_;
+  MoeConfig cfg_;
+  std::vector<formats::MatrixRef> gu_, dn_;
+  std::vector<const uint16_t*> gu_bias_, dn_bias_;
+  Matmul mm_gu_, mm_dn_;
+  int rb1_ = 16, rb2_ = 16;
+  int64_t nblk1_ = 0, nblk2_ = 0;
+
+  // Scratch sized once at construction.
+  std::vector<uint8_t> x_prep_;  // [max_tokens][x_stride(H)] fp32 or bf16
+  std::vector<uint8_t> g_prep_;  // [max_tokens * top_k][x_stride(I)] fp32 or bf16
+  size_t xelem_ = 4;
+  std::vector<float> worker_scratch_;  // per worker: matmul scratch + pass buffers
+  size_t worker_floats_ = 0;
+  std::vector<int32_t> act_slot_;     // active routes (slot = t * top_k + k)
+  std::vector<int32_t> order_;        // per token: its active slots in canonical order
+  std::vector<int32_t> order_count_;  // per token
+  Job job_;
+
+  // The call in flight.
+  int32_t tokens_ = 0;
+  const int32_t* ids_ = nullptr;
+  const float* weights_ = nullptr;
+  void* y_ = nullptr;
+
+  std::atomic<uint64_t> calls_{0}, routes_{0}, unique_{0}, bytes_{0};
+};
+
+}  // namespace moejit
+
+struct moejit_moe {
+  std::unique_ptr<moejit::MoeLayer> impl;
+};

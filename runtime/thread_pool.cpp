@@ -1,0 +1,117 @@
+#include "runtime/thread_pool.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <chrono>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace moejit {
+
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+// Spin budgets: long enough to bridge back-to-back layers, short enough not to
+// burn a core between decode steps.
+constexpr auto kSpinWorker = std::chrono::microseconds(100);
+
+}  // namespace
+
+ThreadPool::ThreadPool(int n, const std::vector<int>& cpus) {
+  threads_.reserve(size_t(n));
+  for (int i = 0; i < n; ++i) {
+    const int cpu = cpus.empty() ? -1 : cpus[size_t(i) % cpus.size()];
+    try {
+      threads_.emplace_back([this, i, cpu] { worker_main(i, cpu); });
+    } catch (...) {
+      ok_ = false;
+      break;
+    }
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  stop_.store(1, std::memory_order_release);
+  epoch_.fetch_add(1, std::memory_order_release);
+  epoch_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+void ThreadPool::spin_wait(const std::atomic<uint32_t>& a, uint32_t old) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1;; ++i) {
+    if (a.load(std::memory_order_acquire) != old) return;
+    cpu_relax();
+    if ((i & 255) == 0 && std::chrono::steady_clock::now() - t0 > kSpinWorker) break;
+  }
+  while (a.load(std::memory_order_acquire) == old) a.wait(old, std::memory_order_acquire);
+}
+
+void ThreadPool::start(const Job* job) {
+  job_ = job;
+  for (auto& p : phases_) {
+    p.next.store(0, std::memory_order_relaxed);
+    p.arrived.store(0, std::memory_order_relaxed);
+    p.done.store(0, std::memory_order_relaxed);
+  }
+  finished_.store(0, std::memory_order_relaxed);
+  epoch_.fetch_add(1, std::memory_order_release);
+  epoch_.notify_all();
+}
+
+void ThreadPool::wait() { spin_wait(finished_, 0); }
+
+void ThreadPool::run_job(const Job& job, int id) {
+  const int n = size();
+  for (int p = 0; p < job.num_phases; ++p) {
+    PhaseState& ps = phases_[p];
+    for (int64_t i; (i = ps.next.fetch_add(1, std::memory_order_relaxed)) < job.counts[p];)
+      job.run(job.self, p, i, id);
+    const bool last = ps.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == n;
+    if (p + 1 == job.num_phases) {
+      // Every worker has passed every earlier barrier once all arrive here.
+      if (last) {
+        finished_.store(1, std::memory_order_release);
+        finished_.notify_all();
+      }
+    } else if (last) {
+      ps.done.store(1, std::memory_order_release);
+      ps.done.notify_all();
+    } else {
+      spin_wait(ps.done, 0);
+    }
+  }
+  if (job.num_phases == 0 && id == 0) {
+    finished_.store(1, std::memory_order_release);
+    finished_.notify_all();
+  }
+}
+
+void ThreadPool::worker_main(int id, int cpu) {
+  if (cpu >= 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  }
+#if defined(__x86_64__)
+  _mm_setcsr(0x1F80);  // default rounding, no FTZ/DAZ: results never depend on the caller's MXCSR
+#endif
+  uint32_t seen = 0;
+  for (;;) {
+    spin_wait(epoch_, seen);
+    seen = epoch_.load(std::memory_order_acquire);
+    if (stop_.load(std::memory_order_acquire)) return;
+    run_job(*job_, id);
+  }
+}
+
+}  // namespace moejit
