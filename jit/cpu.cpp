@@ -17,6 +17,7 @@ const CpuFeatures& host_features() {
     r.avx512vl = cpu.has(C::tAVX512VL);
     r.avx512dq = cpu.has(C::tAVX512DQ);
     r.avx512_bf16 = cpu.has(C::tAVX512_BF16);
+    r.avx512_vbmi = cpu.has(C::tAVX512_VBMI);
     return r;
   }();
   return f;

@@ -8,6 +8,7 @@ namespace moejit::jit {
 struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512_bf16 = false;
+  bool avx512_vbmi = false;
 };
 
 const CpuFeatures& host_features();

@@ -26,11 +26,31 @@ static_assert(offsetof(GemvArgs, w) == 0 && offsetof(GemvArgs, scales) == 8 &&
 
 using GemvFn = void (*)(const GemvArgs*);
 
+// KernelKey::flags bits.
+constexpr uint32_t kFlagNoVbmi = 1;  // avx512_bf16 e4m3 decode without AVX512_VBMI byte tables
+
 // Prepared activations are padded with zeros to a multiple of 64 elements so
 // full-vector loads past K read zeros.
 inline int64_t x_stride(int64_t k) { return (k + 63) / 64 * 64; }
-// The avx512_bf16 tier consumes bf16 activation pairs; other tiers fp32.
-inline bool x_is_bf16(Isa isa) { return isa == Isa::avx512_bf16; }
+
+// How a kernel wants its activations laid out.
+enum class XLayout {
+  f32,          // fp32, natural order (avx2, avx512)
+  bf16,         // bf16 pairs, natural order (avx512_bf16)
+  bf16_perm64,  // bf16; inside each 64-element chunk, elements 16L+0..7 (L = 0..3) come first, then
+                // 16L+8..15: the order in which the byte-table e4m3 decode unpacks weights
+};
+inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
+  if (isa != Isa::avx512_bf16) return XLayout::f32;
+  if (format == 5 /* fp8_block */ && !(flags & kFlagNoVbmi)) return XLayout::bf16_perm64;
+  return XLayout::bf16;
+}
+inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 ? 4 : 2; }
+inline int64_t x_position(XLayout l, int64_t k) {
+  if (l != XLayout::bf16_perm64) return k;
+  const int64_t r = k & 63, lane = r >> 4, j = r & 15;
+  return (k - r) + (j < 8 ? lane * 8 + j : 32 + lane * 8 + (j - 8));
+}
 
 // Largest tokens-per-call a generated kernel holds in registers for this tier.
 int max_tokens_per_call(Isa isa, int32_t format);

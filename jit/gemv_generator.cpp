@@ -30,9 +30,9 @@ struct TierTraits {
 
 TierTraits tier_traits(Isa isa) {
   switch (isa) {
-    case Isa::avx2: return {32, 8, 4, 12};
-    case Isa::avx512: return {64, 16, 8, 24};
-    case Isa::avx512_bf16: return {64, 32, 8, 24};
+    case Isa::avx2: return {32, 8, 6, 10};
+    case Isa::avx512: return {64, 16, 10, 22};
+    case Isa::avx512_bf16: return {64, 32, 10, 22};
     default: return {0, 0, 0, 0};
   }
 }
@@ -57,10 +57,13 @@ class GemvGenerator : public Generator {
         tt_(tier_traits(key.isa)),
         scaled_(scaled_format(fmt_)),
         wbytes_(fmt_ == Format::bf16 ? 2 : 1),
-        xbytes_(x_is_bf16(key.isa) ? 2 : 4),
+        xbytes_(int(x_elem_bytes(x_layout(key.isa, key.format, key.flags)))),
         row_bytes_(formats::row_bytes(fmt_, key.k)),
-        xstride_bytes_(x_stride(key.k) * (x_is_bf16(key.isa) ? 2 : 4)),
-        rt_(tile_rows(key.isa, fmt_, key.tokens)) {}
+        xstride_bytes_(x_stride(key.k) * int64_t(x_elem_bytes(x_layout(key.isa, key.format, key.flags)))),
+        rt_(tile_rows(key.isa, fmt_, key.tokens)),
+        vbmi_lut_(fmt_ == Format::fp8_block &&
+                  x_layout(key.isa, key.format, key.flags) == XLayout::bf16_perm64),
+        step_(vbmi_lut_ ? 64 : tt_.step) {}
 
   bool generate(std::string* err) {
     emit_body();
@@ -87,15 +90,10 @@ class GemvGenerator : public Generator {
     if (tt_.vec_bytes == 64) return Zmm(idx);
     return Ymm(idx);
   }
-  Xmm v_w() const { return vec(0); }      // widened weights
-  Xmm v_t() const { return vec(1); }      // decode temporary
-  Xmm v_c0() const { return vec(2); }     // decode constant
-  Xmm v_scale() const { return vec(3); }  // broadcast block scale
-  // avx512_bf16 e4m3 -> bf16 constants
-  Zmm z_c_3c00() const { return Zmm(4); }
-  Zmm z_c_0078() const { return Zmm(5); }
-  Zmm z_sub_tbl() const { return Zmm(6); }
-  Zmm z_c_8000() const { return Zmm(7); }
+  Xmm v_w(int i = 0) const { return vec(i); }      // widened weights (two for 64-weight steps)
+  Xmm v_t(int i = 0) const { return vec(2 + i); }  // decode temporaries
+  Xmm v_scale() const { return vec(4); }           // broadcast block scale
+  Xmm v_c(int i) const { return vec(5 + i); }      // decode constants 0..4
   // accumulators: acc(r, m) per block, tot(r, m) across blocks (scaled formats)
   Xmm acc(int r, int m) const { return vec(tt_.acc_first + r * key_.tokens + m); }
   Xmm tot(int r, int m) const {
@@ -134,23 +132,39 @@ class GemvGenerator : public Generator {
 
   void emit_constants() {
     if (fmt_ != Format::fp8_block) return;
-    if (isa_ == Isa::avx512_bf16) {
-      broadcast_u32(v_c0(), 0x87F087F0u, reg_tmp.cvt32());  // sign + exponent/mantissa bits after << 4
-      broadcast_u32(z_c_3c00(), 0x3C003C00u, reg_tmp.cvt32());
-      broadcast_u32(z_c_0078(), 0x00780078u, reg_tmp.cvt32());
-      broadcast_u32(z_c_8000(), 0x80008000u, reg_tmp.cvt32());
-      vmovdqu16(z_sub_tbl(), ptr[rip + l_sub_tbl_]);
+    if (vbmi_lut_) {
+      // bf16 low and high bytes of e4m3 magnitudes 0..127, and the sign mask.
+      vmovdqu8(v_c(0), ptr[rip + l_lut_]);
+      vmovdqu8(v_c(1), ptr[rip + l_lut_ + 64]);
+      vmovdqu8(v_c(2), ptr[rip + l_lut_ + 128]);
+      vmovdqu8(v_c(3), ptr[rip + l_lut_ + 192]);
+      broadcast_u32(v_c(4), 0x80808080u, reg_tmp.cvt32());
+    } else if (isa_ == Isa::avx512_bf16) {
+      broadcast_u32(v_c(0), 0x87F087F0u, reg_tmp.cvt32());  // sign + exponent/mantissa bits after << 4
+      broadcast_u32(v_c(1), 0x3C003C00u, reg_tmp.cvt32());  // exponent bias 120 << 7
+      broadcast_u32(v_c(2), 0x00780078u, reg_tmp.cvt32());  // e4m3 exponent field
+      vmovdqu16(v_c(3), ptr[rip + l_sub_tbl_]);
+      broadcast_u32(v_c(4), 0x80008000u, reg_tmp.cvt32());
     } else {
-      broadcast_u32(v_c0(), 0xBF80BF80u, reg_tmp.cvt32());  // keep sign and e4m3 bits after << 7
+      broadcast_u32(v_c(0), 0xBF80BF80u, reg_tmp.cvt32());  // keep sign and e4m3 bits after << 7
     }
   }
 
   void emit_data() {
     if (fmt_ != Format::fp8_block || isa_ != Isa::avx512_bf16) return;
     align(64);
-    L(l_sub_tbl_);
-    // bf16 of e4m3 subnormal magnitudes m * 2^-9, indexed by the low 5 bits (m = low 3).
-    for (int i = 0; i < 32; ++i) dw(formats::f32_to_bf16(float(i & 7) / 512.0f));
+    if (vbmi_lut_) {
+      L(l_lut_);
+      for (int half = 0; half < 2; ++half)
+        for (int i = 0; i < 128; ++i) {
+          const uint16_t b = formats::f32_to_bf16(formats::e4m3_to_f32(uint8_t(i)));
+          db(half == 0 ? (b & 0xFF) : (b >> 8));
+        }
+    } else {
+      L(l_sub_tbl_);
+      // bf16 of e4m3 subnormal magnitudes m * 2^-9, indexed by the low 5 bits (m = low 3).
+      for (int i = 0; i < 32; ++i) dw(formats::f32_to_bf16(float(i & 7) / 512.0f));
+    }
   }
 
   // One row tile of nr rows over all of K.
@@ -184,20 +198,21 @@ class GemvGenerator : public Generator {
     if (scaled_)
       for (int r = 0; r < nr; ++r)
         for (int m = 0; m < key_.tokens; ++m) vxorps(acc(r, m), acc(r, m), acc(r, m));
-    for (int s = 0; s * tt_.step < n; ++s) {
-      const int off = s * tt_.step;
-      const int cnt = std::min(tt_.step, n - off);
-      if (cnt < tt_.step && isa_ != Isa::avx2) set_tail_mask(cnt);
+    for (int s = 0; s * step_ < n; ++s) {
+      const int off = s * step_;
+      const int cnt = std::min(step_, n - off);
+      if (cnt < step_ && isa_ != Isa::avx2) set_tail_mask(cnt);
       for (int r = 0; r < nr; ++r) {
-        load_weights(r, off, cnt);
-        for (int m = 0; m < key_.tokens; ++m) multiply(acc(r, m), m, off);
+        const int nvec = load_weights(r, off, cnt);
+        for (int v = 0; v < nvec; ++v)
+          for (int m = 0; m < key_.tokens; ++m) multiply(acc(r, m), v_w(v), m, off + v * tt_.step);
       }
     }
     if (scaled_) apply_block_scale(nr);
   }
 
   void set_tail_mask(int cnt) {
-    mov(reg_tmp, (uint64_t(1) << cnt) - 1);
+    mov(reg_tmp, cnt >= 64 ? ~uint64_t(0) : (uint64_t(1) << cnt) - 1);
     kmovq(k_tail, reg_tmp);
   }
 
@@ -228,9 +243,10 @@ class GemvGenerator : public Generator {
     if (bytes - done >= 1) vpinsrb(dst, dst, ptr[base + done], done);
   }
 
-  // Leaves `cnt` widened weights of row r at `off` in v_w() (zeros beyond cnt).
-  void load_weights(int r, int off, int cnt) {
-    const bool partial = cnt < tt_.step;
+  // Leaves `cnt` widened weights of row r at `off` in v_w(0..n-1) and returns n
+  // (zeros beyond cnt).
+  int load_weights(int r, int off, int cnt) {
+    const bool partial = cnt < step_;
     const Xmm xt = Xmm(v_t().getIdx());
     const Ymm yt = Ymm(v_t().getIdx());
     if (fmt_ == Format::bf16) {
@@ -261,7 +277,7 @@ class GemvGenerator : public Generator {
           break;
         default: break;
       }
-      return;
+      return 1;
     }
     // e4m3
     switch (isa_) {
@@ -275,9 +291,9 @@ class GemvGenerator : public Generator {
         }
         // fp16 bits of e4m3 * 2^-8: (sx(b) << 7) & 0xBF80
         vpsllw(xw, xw, 7);
-        vpand(xw, xw, Xmm(v_c0().getIdx()));
+        vpand(xw, xw, Xmm(v_c(0).getIdx()));
         vcvtph2ps(v_w(), xw);
-        break;
+        return 1;
       }
       case Isa::avx512: {
         const Ymm yw = Ymm(v_w().getIdx());
@@ -288,37 +304,65 @@ class GemvGenerator : public Generator {
           vpmovsxbw(yw, w_addr(r, off));
         }
         vpsllw(yw, yw, 7);
-        vpand(yw, yw, Ymm(v_c0().getIdx()));
+        vpand(yw, yw, Ymm(v_c(0).getIdx()));
         vcvtph2ps(v_w(), yw);
-        break;
+        return 1;
       }
-      case Isa::avx512_bf16: {
-        // sx = sign-extended byte; normal: ((sx << 4) & 0x87F0) + 0x3C00; exponent 0: table[m]; then | sign.
-        const Zmm zw = Zmm(v_w().getIdx());
-        const Zmm zt = Zmm(v_t().getIdx());
-        if (partial) {
-          vmovdqu8(yt | k_tail | T_z, w_addr(r, off));
-          vpmovsxbw(zt, yt);
-        } else {
-          vpmovsxbw(zt, w_addr(r, off));
+      case Isa::avx512_bf16:
+        if (vbmi_lut_) {
+          emit_e4m3_lut64(r, off, partial);
+          return 2;
         }
-        vpsllw(zw, zt, 4);
-        vpandd(zw, zw, Zmm(v_c0().getIdx()));
-        vpaddw(zw, zw, z_c_3c00());
-        vptestnmw(k_sub, zt, z_c_0078());
-        vpermw(zw | k_sub, zt, z_sub_tbl());
-        vpternlogd(zw, zt, z_c_8000(), 0xF8);  // zw | (zt & 0x8000)
-        break;
-      }
-      default: break;
+        emit_e4m3_blend32(r, off, partial);
+        return 1;
+      default: return 0;
     }
   }
 
-  void multiply(const Xmm& a, int m, int off) {
-    if (isa_ == Isa::avx512_bf16)
-      vdpbf16ps(a, v_w(), x_addr(m, off));
+  // 64 e4m3 bytes -> 2 x 32 bf16 through byte tables: lo/hi = table[b & 127],
+  // hi |= b & 0x80, then unpack; the activations are stored in that order
+  // (XLayout::bf16_perm64).
+  void emit_e4m3_lut64(int r, int off, bool partial) {
+    const Zmm b = Zmm(v_w(1).getIdx()), lo = Zmm(v_t(0).getIdx()), hi = Zmm(v_t(1).getIdx());
+    if (partial)
+      vmovdqu8(b | k_tail | T_z, w_addr(r, off));
     else
-      vfmadd231ps(a, v_w(), x_addr(m, off));
+      vmovdqu8(b, w_addr(r, off));
+    vmovdqa64(lo, b);
+    vpermi2b(lo, Zmm(v_c(0).getIdx()), Zmm(v_c(1).getIdx()));
+    vmovdqa64(hi, b);
+    vpermi2b(hi, Zmm(v_c(2).getIdx()), Zmm(v_c(3).getIdx()));
+    vpternlogd(hi, b, Zmm(v_c(4).getIdx()), 0xF8);  // hi | (b & 0x80)
+    vpunpcklbw(Zmm(v_w(0).getIdx()), lo, hi);
+    vpunpckhbw(Zmm(v_w(1).getIdx()), lo, hi);
+  }
+
+  // 32 e4m3 bytes -> 32 bf16 with arithmetic for normals and a table blend for
+  // exponent-0 codes (CPUs with AVX512_BF16 but no AVX512_VBMI).
+  void emit_e4m3_blend32(int r, int off, bool partial) {
+    const Zmm zw = Zmm(v_w().getIdx());
+    const Zmm zt = Zmm(v_t().getIdx());
+    const Ymm yt = Ymm(v_t().getIdx());
+    if (partial) {
+      vmovdqu8(yt | k_tail | T_z, w_addr(r, off));
+      vpmovsxbw(zt, yt);
+    } else {
+      vpmovsxbw(zt, w_addr(r, off));
+    }
+    // normal: ((sx << 4) & 0x87F0) + 0x3C00; exponent 0: table[m]; then | sign.
+    vpsllw(zw, zt, 4);
+    vpandd(zw, zw, Zmm(v_c(0).getIdx()));
+    vpaddw(zw, zw, Zmm(v_c(1).getIdx()));
+    vptestnmw(k_sub, zt, Zmm(v_c(2).getIdx()));
+    vpermw(zw | k_sub, zt, Zmm(v_c(3).getIdx()));
+    vpternlogd(zw, zt, Zmm(v_c(4).getIdx()), 0xF8);  // zw | (zt & 0x8000)
+  }
+
+  void multiply(const Xmm& a, const Xmm& w, int m, int off) {
+    if (isa_ == Isa::avx512_bf16)
+      vdpbf16ps(a, w, x_addr(m, off));
+    else
+      vfmadd231ps(a, w, x_addr(m, off));
   }
 
   void apply_block_scale(int nr) {
@@ -371,7 +415,10 @@ class GemvGenerator : public Generator {
   int64_t row_bytes_;
   int64_t xstride_bytes_;
   int rt_;
+  bool vbmi_lut_;  // e4m3 -> bf16 through two 128-entry byte tables (vpermi2b)
+  int step_;       // weights per decode step
   Label l_sub_tbl_;
+  Label l_lut_;
 };
 
 class GeneratedKernel : public Kernel {
@@ -421,6 +468,15 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
   const int64_t span = formats::row_bytes(f, key.k) * 8 + x_stride(key.k) * 4 * key.tokens;
   if (span > (int64_t(1) << 30)) {
     *why = "k is too large for 32-bit displacements";
+    return false;
+  }
+  if ((key.flags & ~kFlagNoVbmi) != 0) {
+    *why = "unknown kernel flags";
+    return false;
+  }
+  if (f == Format::fp8_block && key.isa == Isa::avx512_bf16 && !(key.flags & kFlagNoVbmi) &&
+      !host_features().avx512_vbmi) {
+    *why = "this CPU lacks AVX512_VBMI for the byte-table e4m3 decode";
     return false;
   }
   if (f == Format::fp8_block && key.rows > 128) {

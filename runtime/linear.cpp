@@ -34,7 +34,7 @@ moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConf
   }
   const moejit_status st = l->mm_.resolve(cfg.max_tokens, err);
   if (st != MOEJIT_OK) return st;
-  l->xelem_ = l->mm_.x_bf16() ? 2 : 4;
+  l->xelem_ = l->mm_.x_elem_bytes();
   try {
     l->x_prep_.assign(size_t(cfg.max_tokens) * size_t(l->mm_.x_stride()) * l->xelem_, 0);
     l->worker_floats_ = l->mm_.scratch_floats() + size_t(cfg.max_tokens) * size_t(l->rb_) + 16;
@@ -58,15 +58,8 @@ moejit_status LinearLayer::submit(int32_t T, const uint16_t* x, void* y) {
   tokens_ = T;
   y_ = y;
   const int64_t xs = mm_.x_stride();
-  for (int32_t t = 0; t < T; ++t) {
-    const uint16_t* src = x + int64_t(t) * cfg_.cols;
-    if (xelem_ == 2) {
-      std::memcpy(x_prep_.data() + size_t(t) * size_t(xs) * 2, src, size_t(cfg_.cols) * 2);
-    } else {
-      float* dst = reinterpret_cast<float*>(x_prep_.data()) + int64_t(t) * xs;
-      for (int32_t c = 0; c < cfg_.cols; ++c) dst[c] = formats::bf16_to_f32(src[c]);
-    }
-  }
+  for (int32_t t = 0; t < T; ++t)
+    mm_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, x + int64_t(t) * cfg_.cols);
   job_.counts[0] = nblk_;
   ctx_->launch(&job_);
   return MOEJIT_OK;

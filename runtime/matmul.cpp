@@ -3,11 +3,36 @@
 #include <algorithm>
 #include <cstring>
 
+#include "jit/cpu.h"
 #include "jit/kernel_cache.h"
 
 namespace moejit {
 
 using formats::Format;
+
+void Matmul::init(jit::Isa isa, const formats::Layout& layout, uint32_t flags) {
+  isa_ = isa;
+  layout_ = layout;
+  flags_ = flags;
+#if defined(MOEJIT_HAVE_JIT)
+  if (isa == jit::Isa::avx512_bf16 && layout.format == Format::fp8_block && !jit::host_features().avx512_vbmi)
+    flags_ |= jit::kFlagNoVbmi;
+#endif
+  xlayout_ = isa == jit::Isa::scalar ? jit::XLayout::f32 : jit::x_layout(isa, int32_t(layout.format), flags_);
+}
+
+void Matmul::x_prepare(void* vec, const uint16_t* src) const {
+  const int64_t k = layout_.k;
+  switch (xlayout_) {
+    case jit::XLayout::f32:
+      for (int64_t i = 0; i < k; ++i) static_cast<float*>(vec)[i] = formats::bf16_to_f32(src[i]);
+      break;
+    case jit::XLayout::bf16: std::memcpy(vec, src, size_t(k) * 2); break;
+    case jit::XLayout::bf16_perm64:
+      for (int64_t i = 0; i < k; ++i) static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, i)] = src[i];
+      break;
+  }
+}
 
 // Kernels of formats whose scale rows cover several weight rows never cross a
 // scale row: calls are split at those boundaries.
@@ -46,6 +71,7 @@ moejit_status Matmul::resolve(int max_tokens, std::string* err) {
       key.scale_dtype = layout_.format == Format::fp8_block ? int32_t(layout_.scale_dtype) : 0;
       key.group = layout_.format == Format::bf16 ? 0 : layout_.group;
       key.isa = isa_;
+      key.flags = flags_;
       auto k = jit::global_cache().get(key, err);
       if (!k) {
         *err = key.name() + ": " + *err;
@@ -66,7 +92,7 @@ void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens,
       formats::gemv_scalar(layout_, m, r0, n, static_cast<const float*>(x) + t * xs, y + int64_t(t) * n);
     return;
   }
-  const size_t xbytes = x_bf16() ? 2 : 4;
+  const size_t xbytes = x_elem_bytes();
   const int64_t rb = formats::row_bytes(layout_.format, layout_.k);
   const int64_t sb = formats::scale_elem_bytes(layout_.format, layout_.scale_dtype);
   for (int t0 = 0; t0 < tokens; t0 += max_m_) {

@@ -14,10 +14,8 @@ namespace moejit {
 
 class Matmul {
  public:
-  void init(jit::Isa isa, const formats::Layout& layout) {
-    isa_ = isa;
-    layout_ = layout;
-  }
+  // `flags` are jit::kFlag* bits for every kernel (0 picks the fastest path the CPU has).
+  void init(jit::Isa isa, const formats::Layout& layout, uint32_t flags = 0);
   // Records that run() will be called on rows [r0, r0 + n).
   void plan_rows(int64_t r0, int64_t n);
   // Generates (or finds in the cache) every kernel the planned rows need, for
@@ -30,7 +28,17 @@ class Matmul {
            float* scratch) const;
 
   int64_t x_stride() const { return jit::x_stride(layout_.k); }
-  bool x_bf16() const { return isa_ != jit::Isa::scalar && jit::x_is_bf16(isa_); }
+  jit::XLayout x_layout() const { return xlayout_; }
+  size_t x_elem_bytes() const { return jit::x_elem_bytes(xlayout_); }
+  // Writes activation k (a value exact in bf16) of one prepared vector.
+  void x_store(void* vec, int64_t k, float v) const {
+    if (xlayout_ == jit::XLayout::f32)
+      static_cast<float*>(vec)[k] = v;
+    else
+      static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, k)] = formats::f32_to_bf16(v);
+  }
+  // Prepares one activation vector from K bf16 values.
+  void x_prepare(void* vec, const uint16_t* src) const;
   size_t scratch_floats() const { return size_t(max_seg_) * size_t(max_m_ > 0 ? max_m_ : 1); }
   const formats::Layout& layout() const { return layout_; }
   size_t kernel_count() const { return holds_.size(); }
@@ -41,6 +49,8 @@ class Matmul {
   int64_t segment_end(int64_t r, int64_t end) const;
 
   jit::Isa isa_ = jit::Isa::scalar;
+  uint32_t flags_ = 0;
+  jit::XLayout xlayout_ = jit::XLayout::f32;
   formats::Layout layout_{};
   std::vector<bool> seg_needed_;  // by segment length
   int max_seg_ = 0;

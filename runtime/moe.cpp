@@ -22,13 +22,6 @@ formats::Layout make_layout(const MoeConfig& c, int64_t rows, int64_t k, int64_t
   return l;
 }
 
-inline void store_prepared(void* base, size_t xelem, int64_t i, float v) {
-  if (xelem == 2)
-    static_cast<uint16_t*>(base)[i] = formats::f32_to_bf16(v);
-  else
-    static_cast<float*>(base)[i] = v;
-}
-
 }  // namespace
 
 moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cfg,
@@ -75,7 +68,7 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   if (st == MOEJIT_OK) st = m->mm_dn_.resolve(1, err);
   if (st != MOEJIT_OK) return st;
 
-  m->xelem_ = m->mm_gu_.x_bf16() ? 2 : 4;
+  m->xelem_ = m->mm_gu_.x_elem_bytes();
   const size_t T = size_t(cfg.max_tokens), K = size_t(cfg.top_k);
   try {
     m->x_prep_.assign(T * size_t(m->mm_gu_.x_stride()) * m->xelem_, 0);
@@ -122,15 +115,8 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
 
   // Prepared activations (integer work only: widening bf16 is exact).
   const int64_t xs = mm_gu_.x_stride();
-  for (int32_t t = 0; t < T; ++t) {
-    const uint16_t* src = x + int64_t(t) * cfg_.hidden;
-    if (xelem_ == 2) {
-      std::memcpy(x_prep_.data() + size_t(t) * size_t(xs) * 2, src, size_t(cfg_.hidden) * 2);
-    } else {
-      float* dst = reinterpret_cast<float*>(x_prep_.data()) + int64_t(t) * xs;
-      for (int32_t h = 0; h < cfg_.hidden; ++h) dst[h] = formats::bf16_to_f32(src[h]);
-    }
-  }
+  for (int32_t t = 0; t < T; ++t)
+    mm_gu_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, x + int64_t(t) * cfg_.hidden);
 
   // Routes: active slots, and each token's slots in canonical order
   // (ascending expert id, ties by route index).
@@ -218,7 +204,7 @@ void MoeLayer::pass1(int64_t item, int worker) {
       gv += formats::bf16_to_f32(bias[rg]);
       uv += formats::bf16_to_f32(bias[ru]);
     }
-    store_prepared(g, xelem_, j0 + i, formats::round_bf16(activate(cfg_.act, gv, uv)));
+    mm_dn_.x_store(g, j0 + i, formats::round_bf16(activate(cfg_.act, gv, uv)));
   }
 }
 
