@@ -181,21 +181,21 @@ struct BlockSource {
 
 // Scale of block b of row r (the factor applied to the block's sum).
 float block_scale(const Layout& l, const MatrixRef& m, int64_t r, int64_t b, const uint8_t* row) {
+  const int64_t stride = m.scale_stride ? m.scale_stride : l.scale_stride;
   switch (l.format) {
     case Format::bf16: return 1.0f;
     case Format::q4_0: return fp16_to_f32(uint16_t(row[b * 18] | row[b * 18 + 1] << 8));
     case Format::q8_0: return fp16_to_f32(uint16_t(row[b * 34] | row[b * 34 + 1] << 8));
     case Format::fp8_block: {
-      const int64_t idx = (r / 128) * l.scale_stride + b;
+      const int64_t idx = (r / 128) * stride + b;
       if (l.scale_dtype == ScaleDtype::f32) return static_cast<const float*>(m.scales)[idx];
       return bf16_to_f32(static_cast<const uint16_t*>(m.scales)[idx]);
     }
-    case Format::nvfp4: return e4m3_to_f32(static_cast<const uint8_t*>(m.scales)[r * l.scale_stride + b]);
+    case Format::nvfp4: return e4m3_to_f32(static_cast<const uint8_t*>(m.scales)[r * stride + b]);
     case Format::mxfp4:
     case Format::ds_fp4:
     case Format::mxfp8_e4m3:
-    case Format::mxfp8_e5m2:
-      return e8m0_to_f32(static_cast<const uint8_t*>(m.scales)[r * l.scale_stride + b]);
+    case Format::mxfp8_e5m2: return e8m0_to_f32(static_cast<const uint8_t*>(m.scales)[r * stride + b]);
   }
   return 0.0f;
 }

@@ -60,6 +60,7 @@ struct MatrixRef {
   const void* data = nullptr;
   const void* scales = nullptr;
   const float* row_scales = nullptr;
+  int64_t scale_stride = 0;  // this matrix's scale row stride; 0 = Layout::scale_stride
 };
 
 // Exact dequantized weight w(r, k) (as double: every format's value is exact).

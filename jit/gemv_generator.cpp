@@ -83,6 +83,8 @@ class GemvGenerator : public Generator {
   const Reg64 reg_kb = rax;    // block counter
   const Reg64 reg_tmp = rbx;   // scratch (callee-saved)
   const Reg64 reg_tile = r12;  // tile counter (callee-saved)
+  const Reg64 reg_next = r13;  // first row of the next call (callee-saved)
+  const Reg64 reg_pfk = r14;   // prefetch cursor: the next tile's rows, along K (callee-saved)
   const Opmask k_tail = k1;
   const Opmask k_sub = k2;
 
@@ -103,7 +105,10 @@ class GemvGenerator : public Generator {
   void emit_body() {
     push(reg_tmp);
     push(reg_tile);
+    push(reg_next);
+    push(reg_pfk);
     mov(reg_wt, ptr[reg_args + offsetof(GemvArgs, w)]);
+    mov(reg_next, ptr[reg_args + offsetof(GemvArgs, w_next)]);
     mov(reg_s0, ptr[reg_args + offsetof(GemvArgs, scales)]);
     mov(reg_x0, ptr[reg_args + offsetof(GemvArgs, x)]);
     mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
@@ -115,15 +120,26 @@ class GemvGenerator : public Generator {
       Label l_tile;
       mov(reg_tile, full_tiles);
       L(l_tile);
+      // Prefetch the next tile while this one runs; the last tile prefetches the next call.
+      lea(reg_pfk, ptr[reg_wt + rt_ * row_bytes_]);
+      if (rem_rows == 0) {
+        cmp(reg_tile, 1);
+        cmove(reg_pfk, reg_next);
+      }
       emit_tile(rt_);
       add(reg_wt, rt_ * row_bytes_);
       add(reg_y, rt_ * 4);
       dec(reg_tile);
       jnz(l_tile, T_NEAR);
     }
-    if (rem_rows > 0) emit_tile(rem_rows);
+    if (rem_rows > 0) {
+      mov(reg_pfk, reg_next);
+      emit_tile(rem_rows);
+    }
 
     vzeroupper();
+    pop(reg_pfk);
+    pop(reg_next);
     pop(reg_tile);
     pop(reg_tmp);
     ret();
@@ -182,6 +198,7 @@ class GemvGenerator : public Generator {
       L(l_blk);
       emit_block(nr, kBlock);
       add(reg_wk, kBlock * wbytes_);
+      add(reg_pfk, kBlock * wbytes_);
       add(reg_xk, kBlock * xbytes_);
       if (scaled_) add(reg_sk, scale_bytes());
       dec(reg_kb);
@@ -203,6 +220,7 @@ class GemvGenerator : public Generator {
       const int cnt = std::min(step_, n - off);
       if (cnt < step_ && isa_ != Isa::avx2) set_tail_mask(cnt);
       for (int r = 0; r < nr; ++r) {
+        if ((off * wbytes_) % 64 == 0) prefetcht0(ptr[reg_pfk + r * row_bytes_ + off * wbytes_]);
         const int nvec = load_weights(r, off, cnt);
         for (int v = 0; v < nvec; ++v)
           for (int m = 0; m < key_.tokens; ++m) multiply(acc(r, m), v_w(v), m, off + v * tt_.step);

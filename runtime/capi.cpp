@@ -145,10 +145,6 @@ bool check_matrix(const char* fn, const char* name, const moejit_matrix& m, fmt:
   return true;
 }
 
-int64_t effective_stride(const moejit_matrix& m, fmt::Format f, int32_t group, int64_t k) {
-  return m.scale_row_stride ? m.scale_row_stride : fmt::scale_cols(f, group, k);
-}
-
 // ---- context ----
 
 bool parse_isa_env(moejit_isa* cap, moejit_status* st, const char* fn) {
@@ -303,22 +299,6 @@ moejit_status moe_create(moejit_context* ctx, const moejit_moe_desc* d, moejit_m
   // Support checks come after every validity check.
   if (!format_implemented(f))
     return fail(MOEJIT_UNSUPPORTED, fn, "format %s is not implemented in this build", fmt::format_name(f));
-  const int64_t s_gu = effective_stride(d->gate_up[0], f, group, H);
-  const int64_t s_dn = effective_stride(d->down[0], f, group, I);
-  for (int32_t e = 1; e < d->num_experts; ++e) {
-    if (effective_stride(d->gate_up[e], f, group, H) != s_gu)
-      return fail(
-          MOEJIT_UNSUPPORTED, fn,
-          "desc->gate_up[%d].scale_row_stride = %lld differs from expert 0's (%lld): one layer uses one "
-          "scale stride per projection",
-          e, (long long)d->gate_up[e].scale_row_stride, (long long)s_gu);
-    if (effective_stride(d->down[e], f, group, I) != s_dn)
-      return fail(MOEJIT_UNSUPPORTED, fn,
-                  "desc->down[%d].scale_row_stride = %lld differs from expert 0's (%lld): one layer uses one "
-                  "scale stride per projection",
-                  e, (long long)d->down[e].scale_row_stride, (long long)s_dn);
-  }
-
   moejit::MoeConfig cfg;
   cfg.format = f;
   cfg.scale_dtype = static_cast<fmt::ScaleDtype>(d->scale_dtype);

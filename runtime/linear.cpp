@@ -22,7 +22,7 @@ moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConf
   lay.scale_stride =
       w.scale_row_stride > 0 ? w.scale_row_stride : formats::scale_cols(cfg.format, lay.group, lay.k);
   l->mm_.init(l->ctx_->isa(), lay);
-  l->w_ = {w.data, w.scales, w.row_scales};
+  l->w_ = {w.data, w.scales, w.row_scales, lay.scale_stride};
   l->bias_ = w.bias;
   // Enough row blocks to keep every worker busy on small matrices.
   const int64_t min_items = 4 * int64_t(l->ctx_->num_threads());

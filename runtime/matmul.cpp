@@ -67,7 +67,11 @@ moejit_status Matmul::resolve(int max_tokens, std::string* err) {
       key.k = int32_t(layout_.k);
       key.rows = seg;
       key.tokens = m;
-      key.scale_stride = formats::has_block_scales(layout_.format) ? layout_.scale_stride : 0;
+      // fp8_block kernels read one scale row per call (the runtime points at it), so
+      // its stride is not part of the generated code.
+      key.scale_stride = formats::has_block_scales(layout_.format) && layout_.format != Format::fp8_block
+                             ? layout_.scale_stride
+                             : 0;
       key.scale_dtype = layout_.format == Format::fp8_block ? int32_t(layout_.scale_dtype) : 0;
       key.group = layout_.format == Format::bf16 ? 0 : layout_.group;
       key.isa = isa_;
@@ -85,7 +89,7 @@ moejit_status Matmul::resolve(int max_tokens, std::string* err) {
 }
 
 void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens, const void* x, float* y,
-                 float* scratch) const {
+                 float* scratch, const void* next) const {
   const int64_t xs = x_stride();
   if (isa_ == jit::Isa::scalar) {
     for (int t = 0; t < tokens; ++t)
@@ -103,11 +107,18 @@ void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens,
       jit::GemvArgs a;
       a.w = static_cast<const uint8_t*>(m.data) + r * rb;
       a.scales = m.scales ? static_cast<const uint8_t*>(m.scales) +
-                                formats::scale_row_of(layout_.format, r) * layout_.scale_stride * sb
+                                formats::scale_row_of(layout_.format, r) *
+                                    (m.scale_stride ? m.scale_stride : layout_.scale_stride) * sb
                           : nullptr;
       a.row_scales = m.row_scales ? m.row_scales + r : nullptr;
       a.x = static_cast<const uint8_t*>(x) + size_t(t0) * size_t(xs) * xbytes;
       a.y = scratch;
+      if (e < r0 + n)
+        a.w_next = static_cast<const uint8_t*>(m.data) + e * rb;  // next segment
+      else if (t0 + mc < tokens)
+        a.w_next = static_cast<const uint8_t*>(m.data) + r0 * rb;  // next token group
+      else
+        a.w_next = next ? next : static_cast<const uint8_t*>(m.data) + e * rb;
       table_[size_t(len) * size_t(max_m_ + 1) + size_t(mc)](&a);
       for (int t = 0; t < mc; ++t)
         std::memcpy(y + int64_t(t0 + t) * n + (r - r0), scratch + int64_t(t) * len, size_t(len) * 4);

@@ -24,8 +24,14 @@ class Matmul {
 
   // y[t * n + i] = dot(row r0 + i, x[t]) for t < tokens, i < n. x holds `tokens`
   // prepared vectors of x_stride() elements. `scratch` holds scratch_floats().
+  // `next` is the first weight row of the call that will follow on this thread
+  // (prefetched ahead); nullptr means the rows right after these.
   void run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens, const void* x, float* y,
-           float* scratch) const;
+           float* scratch, const void* next = nullptr) const;
+  // Address of row r's weights.
+  const void* row_ptr(const formats::MatrixRef& m, int64_t r) const {
+    return static_cast<const uint8_t*>(m.data) + r * formats::row_bytes(layout_.format, layout_.k);
+  }
 
   int64_t x_stride() const { return jit::x_stride(layout_.k); }
   jit::XLayout x_layout() const { return xlayout_; }

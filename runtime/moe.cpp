@@ -34,8 +34,6 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   const int64_t H = cfg.hidden, I = cfg.intermediate, E = cfg.experts;
   const jit::Isa isa = m->ctx_->isa();
 
-  // Scale strides are per matrix in the API but kernels bake them: every expert
-  // of one projection must share it (validated by the C API layer).
   m->mm_gu_.init(isa, make_layout(cfg, 2 * I, H, gate_up[0].scale_row_stride));
   m->mm_dn_.init(isa, make_layout(cfg, H, I, down[0].scale_row_stride));
   m->gu_.resize(size_t(E));
@@ -43,8 +41,11 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   m->gu_bias_.resize(size_t(E));
   m->dn_bias_.resize(size_t(E));
   for (int64_t e = 0; e < E; ++e) {
-    m->gu_[size_t(e)] = {gate_up[e].data, gate_up[e].scales, gate_up[e].row_scales};
-    m->dn_[size_t(e)] = {down[e].data, down[e].scales, down[e].row_scales};
+    m->gu_[size_t(e)] = {gate_up[e].data, gate_up[e].scales, gate_up[e].row_scales,
+                         m->mm_gu_.layout().scale_stride};
+    m->dn_[size_t(e)] = {down[e].data, down[e].scales, down[e].row_scales, m->mm_dn_.layout().scale_stride};
+    if (gate_up[e].scale_row_stride > 0) m->gu_[size_t(e)].scale_stride = gate_up[e].scale_row_stride;
+    if (down[e].scale_row_stride > 0) m->dn_[size_t(e)].scale_stride = down[e].scale_row_stride;
     m->gu_bias_[size_t(e)] = gate_up[e].bias;
     m->dn_bias_[size_t(e)] = down[e].bias;
   }
@@ -179,15 +180,22 @@ void MoeLayer::pass1(int64_t item, int worker) {
   float* mscratch = both + 2 * rb1_;
   const void* xt = x_prep_.data() + size_t(t) * size_t(mm_gu_.x_stride()) * xelem_;
   const formats::MatrixRef& w = gu_[size_t(e)];
+  // The next item of this worker is item + 1 (contiguous ranges): prefetch its first rows.
+  const void* next_item = nullptr;
+  if (item + 1 < job_.counts[0]) {
+    const int32_t ns = act_slot_[size_t((item + 1) / nblk1_)];
+    const int64_t nj0 = ((item + 1) % nblk1_) * rb1_;
+    next_item = mm_gu_.row_ptr(gu_[size_t(ids_[ns])], cfg_.interleaved ? 2 * nj0 : nj0);
+  }
   if (cfg_.interleaved) {
-    mm_gu_.run(w, 2 * j0, 2 * n, 1, xt, both, mscratch);
+    mm_gu_.run(w, 2 * j0, 2 * n, 1, xt, both, mscratch, next_item);
     for (int64_t i = 0; i < n; ++i) {
       gate[i] = both[2 * i];
       up[i] = both[2 * i + 1];
     }
   } else {
-    mm_gu_.run(w, j0, n, 1, xt, gate, mscratch);
-    mm_gu_.run(w, I + j0, n, 1, xt, up, mscratch);
+    mm_gu_.run(w, j0, n, 1, xt, gate, mscratch, mm_gu_.row_ptr(w, I + j0));
+    mm_gu_.run(w, I + j0, n, 1, xt, up, mscratch, next_item);
   }
   const float rw = cfg_.weight_on_input ? weights_[slot] : 1.0f;
   const uint16_t* bias = gu_bias_[size_t(e)];
@@ -216,14 +224,31 @@ void MoeLayer::pass2(int64_t item, int worker) {
   float* dot = scratch;
   float* acc = dot + rb2_;
   float* mscratch = acc + rb2_;
+  // Calls run token by token, routes in canonical order; each prefetches the next.
+  auto first_route = [&](int32_t t) -> int32_t {
+    for (; t < tokens_; ++t)
+      if (order_count_[size_t(t)] > 0) return t;
+    return -1;
+  };
+  const int32_t t_first = first_route(0);
+  const void* next_item = nullptr;
+  if (item + 1 < nblk2_ && t_first >= 0)
+    next_item = mm_dn_.row_ptr(dn_[size_t(ids_[order_[size_t(t_first) * size_t(cfg_.top_k)]])], h0 + rb2_);
   for (int32_t t = 0; t < tokens_; ++t) {
     for (int64_t i = 0; i < n; ++i) acc[i] = 0.0f;
     const int32_t* ord = order_.data() + size_t(t) * size_t(cfg_.top_k);
-    for (int32_t j = 0; j < order_count_[size_t(t)]; ++j) {
+    const int32_t cnt = order_count_[size_t(t)];
+    for (int32_t j = 0; j < cnt; ++j) {
       const int32_t slot = ord[j];
       const int32_t e = ids_[slot];
       const void* g = g_prep_.data() + size_t(slot) * size_t(mm_dn_.x_stride()) * xelem_;
-      mm_dn_.run(dn_[size_t(e)], h0, n, 1, g, dot, mscratch);
+      const void* next = next_item;
+      if (j + 1 < cnt) {
+        next = mm_dn_.row_ptr(dn_[size_t(ids_[ord[j + 1]])], h0);
+      } else if (const int32_t tn = first_route(t + 1); tn >= 0) {
+        next = mm_dn_.row_ptr(dn_[size_t(ids_[order_[size_t(tn) * size_t(cfg_.top_k)]])], h0);
+      }
+      mm_dn_.run(dn_[size_t(e)], h0, n, 1, g, dot, mscratch, next);
       const float w = cfg_.weight_on_input ? 1.0f : weights_[slot];
       const uint16_t* bias = dn_bias_[size_t(e)];
       for (int64_t i = 0; i < n; ++i) {

@@ -58,7 +58,6 @@ void ThreadPool::spin_wait(const std::atomic<uint32_t>& a, uint32_t old) {
 void ThreadPool::start(const Job* job) {
   job_ = job;
   for (auto& p : phases_) {
-    p.next.store(0, std::memory_order_relaxed);
     p.arrived.store(0, std::memory_order_relaxed);
     p.done.store(0, std::memory_order_relaxed);
   }
@@ -73,8 +72,10 @@ void ThreadPool::run_job(const Job& job, int id) {
   const int n = size();
   for (int p = 0; p < job.num_phases; ++p) {
     PhaseState& ps = phases_[p];
-    for (int64_t i; (i = ps.next.fetch_add(1, std::memory_order_relaxed)) < job.counts[p];)
-      job.run(job.self, p, i, id);
+    // Contiguous static ranges: items of one phase cost the same, and a worker
+    // knows its next item, so kernels can prefetch it.
+    const int64_t begin = job.counts[p] * id / n, end = job.counts[p] * (id + 1) / n;
+    for (int64_t i = begin; i < end; ++i) job.run(job.self, p, i, id);
     const bool last = ps.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == n;
     if (p + 1 == job.num_phases) {
       // Every worker has passed every earlier barrier once all arrive here.

@@ -1,6 +1,6 @@
 // Persistent worker pool running one job at a time. A job is a short list of
-// phases; each phase is a count of independent items, claimed dynamically by
-// the workers; phases are separated by a barrier. Workers spin briefly, then
+// phases; each phase is a count of independent items of equal cost, split into
+// contiguous ranges, one per worker; phases are separated by a barrier. Workers spin briefly, then
 // park on a futex, so back-to-back layers skip the sleep/wake round trip.
 // Starting and waiting allocate nothing and hold no lock while the pool runs.
 #pragma once
@@ -45,7 +45,6 @@ class ThreadPool {
   std::atomic<uint32_t> epoch_{0};  // bumped per job
   std::atomic<uint32_t> stop_{0};
   struct alignas(64) PhaseState {
-    std::atomic<int64_t> next{0};
     std::atomic<int32_t> arrived{0};
     std::atomic<uint32_t> done{0};
   };
