@@ -225,7 +225,13 @@ moejit_status context_create(const moejit_context_desc* desc, moejit_context** o
 
   auto* h = new (std::nothrow) moejit_context();
   if (!h) return out_of_memory(fn);
-  h->impl = std::make_shared<moejit::Context>(threads, cpus, static_cast<moejit::jit::Isa>(isa), desc->flags);
+  // Read at every creation (never cached) so A/B runs in one process work.
+  const char* dedup_env = std::getenv("MOEJIT_DEDUP");
+  const bool dedup = !(dedup_env && std::strcmp(dedup_env, "0") == 0);
+  const char* debug_env = std::getenv("MOEJIT_DEDUP_DEBUG");
+  const bool dedup_debug = debug_env && std::strcmp(debug_env, "1") == 0;
+  h->impl = std::make_shared<moejit::Context>(threads, cpus, static_cast<moejit::jit::Isa>(isa), desc->flags,
+                                              dedup, dedup_debug);
   if (!h->impl->ok()) {
     delete h;
     return fail(MOEJIT_OUT_OF_MEMORY, fn, "could not start %d worker threads", threads);

@@ -2,8 +2,9 @@
 
 namespace moejit {
 
-Context::Context(int num_threads, const std::vector<int>& cpus, jit::Isa isa, uint32_t flags)
-    : pool_(num_threads, cpus), isa_(isa), flags_(flags) {}
+Context::Context(int num_threads, const std::vector<int>& cpus, jit::Isa isa, uint32_t flags, bool dedup,
+                 bool dedup_debug)
+    : pool_(num_threads, cpus), isa_(isa), flags_(flags), dedup_(dedup), dedup_debug_(dedup_debug) {}
 
 bool Context::try_acquire(const void* owner) {
   uint32_t expected = kIdle;

@@ -14,10 +14,14 @@ namespace moejit {
 
 class Context {
  public:
-  Context(int num_threads, const std::vector<int>& cpus, jit::Isa isa, uint32_t flags);
+  // `dedup` and `dedup_debug` come from MOEJIT_DEDUP / MOEJIT_DEDUP_DEBUG, read at creation.
+  Context(int num_threads, const std::vector<int>& cpus, jit::Isa isa, uint32_t flags, bool dedup,
+          bool dedup_debug);
   bool ok() const { return pool_.ok(); }
   jit::Isa isa() const { return isa_; }
   uint32_t flags() const { return flags_; }
+  bool dedup_enabled() const { return dedup_; }
+  bool dedup_debug() const { return dedup_debug_; }
   int num_threads() const { return pool_.size(); }
 
   // Claims the context for one task; false when one is already in flight.
@@ -35,6 +39,8 @@ class Context {
   ThreadPool pool_;
   jit::Isa isa_;
   uint32_t flags_;
+  bool dedup_;
+  bool dedup_debug_;
   enum : uint32_t { kIdle = 0, kAcquired = 1, kLaunched = 2 };
   std::atomic<uint32_t> state_{kIdle};
   std::atomic<const void*> owner_{nullptr};  // the object whose task is in flight

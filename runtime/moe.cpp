@@ -1,6 +1,7 @@
 #include "runtime/moe.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <new>
 
@@ -65,21 +66,32 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
     const int64_t h0 = b * m->rb2_;
     m->mm_dn_.plan_rows(h0, std::min<int64_t>(m->rb2_, H - h0));
   }
-  moejit_status st = m->mm_gu_.resolve(1, err);
-  if (st == MOEJIT_OK) st = m->mm_dn_.resolve(1, err);
+  m->dedup_ = !(m->ctx_->flags() & MOEJIT_CONTEXT_NO_DEDUP) && m->ctx_->dedup_enabled();
+  m->debug_ = m->ctx_->dedup_debug();
+  // Dedup groups hold up to max_tokens * top_k routes; kernels cover up to the
+  // register budget of tokens per call and are tiled beyond it.
+  const int group_max = m->dedup_ ? cfg.max_tokens * cfg.top_k : 1;
+  m->group_max_ = group_max;
+  moejit_status st = m->mm_gu_.resolve(group_max, err);
+  if (st == MOEJIT_OK) st = m->mm_dn_.resolve(group_max, err);
   if (st != MOEJIT_OK) return st;
 
   m->xelem_ = m->mm_gu_.x_elem_bytes();
-  const size_t T = size_t(cfg.max_tokens), K = size_t(cfg.top_k);
+  const size_t T = size_t(cfg.max_tokens), K = size_t(cfg.top_k), R = T * K;
+  const size_t gmax = size_t(group_max);
   try {
     m->x_prep_.assign(T * size_t(m->mm_gu_.x_stride()) * m->xelem_, 0);
-    m->g_prep_.assign(T * K * size_t(m->mm_dn_.x_stride()) * m->xelem_, 0);
-    m->worker_floats_ = std::max(m->mm_gu_.scratch_floats(), m->mm_dn_.scratch_floats()) +
-                        4 * size_t(m->rb1_) + 2 * size_t(m->rb2_) + 16;
+    if (m->dedup_) m->x_grp_.assign(R * size_t(m->mm_gu_.x_stride()) * m->xelem_, 0);
+    m->g_grp_.assign(R * size_t(m->mm_dn_.x_stride()) * m->xelem_, 0);
+    // pass 1: gate, up (or both interleaved) for a group; pass 2: dot for a group + per-token sums.
+    const size_t p1 = 4 * gmax * size_t(m->rb1_);
+    const size_t p2 = gmax * size_t(m->rb2_) + T * size_t(m->rb2_);
+    m->worker_floats_ =
+        std::max(m->mm_gu_.scratch_floats(), m->mm_dn_.scratch_floats()) + std::max(p1, p2) + 16;
     m->worker_scratch_.assign(m->worker_floats_ * size_t(m->ctx_->num_threads()), 0.0f);
-    m->act_slot_.assign(T * K, 0);
-    m->order_.assign(T * K, 0);
-    m->order_count_.assign(T, 0);
+    m->expert_count_.assign(size_t(cfg.experts) + 1, 0);
+    m->route_slot_.assign(R, 0);
+    m->group_begin_.assign(R + 1, 0);
   } catch (const std::bad_alloc&) {
     return MOEJIT_OUT_OF_MEMORY;
   }
@@ -108,7 +120,7 @@ uint64_t MoeLayer::expert_bytes() const {
 moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids, const float* weights,
                                void* y) {
   if (!ctx_->try_acquire(this)) return MOEJIT_BUSY;
-  const int K = cfg_.top_k;
+  const int32_t K = cfg_.top_k;
   tokens_ = T;
   ids_ = ids;
   weights_ = weights;
@@ -119,40 +131,47 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
   for (int32_t t = 0; t < T; ++t)
     mm_gu_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, x + int64_t(t) * cfg_.hidden);
 
-  // Routes: active slots, and each token's slots in canonical order
-  // (ascending expert id, ties by route index).
-  int32_t nact = 0;
-  uint64_t unique = 0;
-  for (int32_t t = 0; t < T; ++t) {
-    int32_t* ord = order_.data() + size_t(t) * size_t(K);
-    int32_t cnt = 0;
-    for (int k = 0; k < K; ++k) {
-      const int32_t e = ids[int64_t(t) * K + k];
-      if (e < 0) continue;
-      const int32_t slot = t * K + k;
-      act_slot_[size_t(nact++)] = slot;
-      int32_t pos = cnt++;
-      while (pos > 0 && ids[ord[pos - 1]] > e) {
-        ord[pos] = ord[pos - 1];
-        --pos;
-      }
-      ord[pos] = slot;
+  // Counting sort of the active routes by expert; slots ascend inside an expert.
+  std::fill(expert_count_.begin(), expert_count_.end(), 0);
+  const int32_t slots = T * K;
+  for (int32_t s = 0; s < slots; ++s)
+    if (ids[s] >= 0) ++expert_count_[size_t(ids[s]) + 1];
+  for (int32_t e = 0; e < cfg_.experts; ++e) expert_count_[size_t(e) + 1] += expert_count_[size_t(e)];
+  const int32_t nact = expert_count_[size_t(cfg_.experts)];
+  int32_t unique = 0;
+  for (int32_t e = 0; e < cfg_.experts; ++e)
+    unique += expert_count_[size_t(e) + 1] > expert_count_[size_t(e)];
+  for (int32_t s = 0; s < slots; ++s)
+    if (ids[s] >= 0) route_slot_[size_t(expert_count_[size_t(ids[s])]++)] = s;
+  // expert_count_[e] now holds the end of expert e's routes.
+  groups_ = 0;
+  group_begin_[0] = 0;
+  if (dedup_) {
+    for (int32_t e = 0, begin = 0; e < cfg_.experts; ++e) {
+      const int32_t end = expert_count_[size_t(e)];
+      if (end > begin) group_begin_[size_t(++groups_)] = end;
+      begin = end;
     }
-    order_count_[size_t(t)] = cnt;
+    // Each group's x vectors side by side for the multi-token kernels.
+    const size_t vbytes = size_t(xs) * xelem_;
+    for (int32_t r = 0; r < nact; ++r)
+      std::memcpy(x_grp_.data() + size_t(r) * vbytes,
+                  x_prep_.data() + size_t(route_slot_[size_t(r)] / K) * vbytes, vbytes);
+  } else {
+    for (int32_t r = 0; r < nact; ++r) group_begin_[size_t(++groups_)] = r + 1;
   }
-  // Distinct experts of this call (stats only): a scan over T * top_k routes, no allocation.
-  for (int32_t a = 0; a < nact; ++a) {
-    const int32_t e = ids[act_slot_[size_t(a)]];
-    bool dup = false;
-    for (int32_t b = 0; b < a && !dup; ++b) dup = ids[act_slot_[size_t(b)]] == e;
-    unique += dup ? 0 : 1;
-  }
+
+  const uint64_t streamed = uint64_t(dedup_ ? unique : nact) * expert_bytes();
   calls_.fetch_add(1, std::memory_order_relaxed);
   routes_.fetch_add(uint64_t(nact), std::memory_order_relaxed);
-  unique_.fetch_add(unique, std::memory_order_relaxed);
-  bytes_.fetch_add(uint64_t(nact) * expert_bytes(), std::memory_order_relaxed);
+  unique_.fetch_add(uint64_t(unique), std::memory_order_relaxed);
+  bytes_.fetch_add(streamed, std::memory_order_relaxed);
+  if (debug_) {
+    std::fprintf(stderr, "moejit: moe call: %d tokens, %d routes, %d experts, reuse %.2f, %s\n", T, nact,
+                 unique, unique ? double(nact) / unique : 0.0, dedup_ ? "dedup" : "no dedup");
+  }
 
-  job_.counts[0] = int64_t(nact) * nblk1_;
+  job_.counts[0] = int64_t(groups_) * nblk1_;
   job_.counts[1] = nblk2_;
   ctx_->launch(&job_);
   return MOEJIT_OK;
@@ -166,102 +185,108 @@ void MoeLayer::run_item(void* self, int phase, int64_t item, int worker) {
     m->pass2(item, worker);
 }
 
+// Pass 1 item: one group's rows [j0, j0 + n) of gate and up for all of its routes.
 void MoeLayer::pass1(int64_t item, int worker) {
   const int64_t I = cfg_.intermediate;
-  const int32_t slot = act_slot_[size_t(item / nblk1_)];
+  const int32_t grp = int32_t(item / nblk1_);
   const int64_t j0 = (item % nblk1_) * rb1_;
   const int64_t n = std::min<int64_t>(rb1_, I - j0);
-  const int32_t t = slot / cfg_.top_k;
-  const int32_t e = ids_[slot];
+  const int32_t first = group_begin_[size_t(grp)];
+  const int32_t cnt = group_size(grp);
+  const int32_t e = group_expert(grp);
+  const int32_t K = cfg_.top_k;
+  const size_t xvec = size_t(mm_gu_.x_stride()) * xelem_;
   float* scratch = worker_scratch_.data() + size_t(worker) * worker_floats_;
-  float* gate = scratch;
-  float* up = gate + rb1_;
-  float* both = up + rb1_;  // 2 * rb1 for interleaved rows
-  float* mscratch = both + 2 * rb1_;
-  const void* xt = x_prep_.data() + size_t(t) * size_t(mm_gu_.x_stride()) * xelem_;
+  float* gate = scratch;                       // [cnt][n]
+  float* up = gate + size_t(cnt) * size_t(n);  // [cnt][n]
+  float* both = up + size_t(cnt) * size_t(n);  // [cnt][2n] interleaved rows
+  float* mscratch = gate + 4 * size_t(cnt) * size_t(rb1_);
+  const void* xg =
+      dedup_ ? static_cast<const void*>(x_grp_.data() + size_t(first) * xvec)
+             : static_cast<const void*>(x_prep_.data() + size_t(route_slot_[size_t(first)] / K) * xvec);
   const formats::MatrixRef& w = gu_[size_t(e)];
   // The next item of this worker is item + 1 (contiguous ranges): prefetch its first rows.
   const void* next_item = nullptr;
   if (item + 1 < job_.counts[0]) {
-    const int32_t ns = act_slot_[size_t((item + 1) / nblk1_)];
     const int64_t nj0 = ((item + 1) % nblk1_) * rb1_;
-    next_item = mm_gu_.row_ptr(gu_[size_t(ids_[ns])], cfg_.interleaved ? 2 * nj0 : nj0);
+    next_item = mm_gu_.row_ptr(gu_[size_t(group_expert(int32_t((item + 1) / nblk1_)))],
+                               cfg_.interleaved ? 2 * nj0 : nj0);
   }
   if (cfg_.interleaved) {
-    mm_gu_.run(w, 2 * j0, 2 * n, 1, xt, both, mscratch, next_item);
-    for (int64_t i = 0; i < n; ++i) {
+    mm_gu_.run(w, 2 * j0, 2 * n, cnt, xg, both, mscratch, next_item);
+    for (int64_t i = 0; i < int64_t(cnt) * n; ++i) {
       gate[i] = both[2 * i];
       up[i] = both[2 * i + 1];
     }
   } else {
-    mm_gu_.run(w, j0, n, 1, xt, gate, mscratch, mm_gu_.row_ptr(w, I + j0));
-    mm_gu_.run(w, I + j0, n, 1, xt, up, mscratch, next_item);
+    mm_gu_.run(w, j0, n, cnt, xg, gate, mscratch, mm_gu_.row_ptr(w, I + j0));
+    mm_gu_.run(w, I + j0, n, cnt, xg, up, mscratch, next_item);
   }
-  const float rw = cfg_.weight_on_input ? weights_[slot] : 1.0f;
   const uint16_t* bias = gu_bias_[size_t(e)];
-  void* g = g_prep_.data() + size_t(slot) * size_t(mm_dn_.x_stride()) * xelem_;
-  for (int64_t i = 0; i < n; ++i) {
-    float gv = gate[i], uv = up[i];
-    if (cfg_.weight_on_input) {
-      gv *= rw;
-      uv *= rw;
+  const size_t gvec = size_t(mm_dn_.x_stride()) * xelem_;
+  for (int32_t m = 0; m < cnt; ++m) {
+    const int32_t r = first + m;
+    const float rw = cfg_.weight_on_input ? weights_[route_slot_[size_t(r)]] : 1.0f;
+    void* g = g_grp_.data() + size_t(r) * gvec;
+    for (int64_t i = 0; i < n; ++i) {
+      float gv = gate[int64_t(m) * n + i], uv = up[int64_t(m) * n + i];
+      if (cfg_.weight_on_input) {
+        gv *= rw;
+        uv *= rw;
+      }
+      if (bias) {
+        const int64_t rg = cfg_.interleaved ? 2 * (j0 + i) : j0 + i;
+        const int64_t ru = cfg_.interleaved ? 2 * (j0 + i) + 1 : I + j0 + i;
+        gv += formats::bf16_to_f32(bias[rg]);
+        uv += formats::bf16_to_f32(bias[ru]);
+      }
+      mm_dn_.x_store(g, j0 + i, formats::round_bf16(activate(cfg_.act, gv, uv)));
     }
-    if (bias) {
-      const int64_t rg = cfg_.interleaved ? 2 * (j0 + i) : j0 + i;
-      const int64_t ru = cfg_.interleaved ? 2 * (j0 + i) + 1 : I + j0 + i;
-      gv += formats::bf16_to_f32(bias[rg]);
-      uv += formats::bf16_to_f32(bias[ru]);
-    }
-    mm_dn_.x_store(g, j0 + i, formats::round_bf16(activate(cfg_.act, gv, uv)));
   }
 }
 
+// Pass 2 item: rows [h0, h0 + n) of y for every token. Groups run in ascending
+// expert id, so each token's private fp32 sum follows the canonical order.
 void MoeLayer::pass2(int64_t item, int worker) {
   const int64_t H = cfg_.hidden;
   const int64_t h0 = item * rb2_;
   const int64_t n = std::min<int64_t>(rb2_, H - h0);
+  const int32_t K = cfg_.top_k;
   float* scratch = worker_scratch_.data() + size_t(worker) * worker_floats_;
-  float* dot = scratch;
-  float* acc = dot + rb2_;
-  float* mscratch = acc + rb2_;
-  // Calls run token by token, routes in canonical order; each prefetches the next.
-  auto first_route = [&](int32_t t) -> int32_t {
-    for (; t < tokens_; ++t)
-      if (order_count_[size_t(t)] > 0) return t;
-    return -1;
-  };
-  const int32_t t_first = first_route(0);
-  const void* next_item = nullptr;
-  if (item + 1 < nblk2_ && t_first >= 0)
-    next_item = mm_dn_.row_ptr(dn_[size_t(ids_[order_[size_t(t_first) * size_t(cfg_.top_k)]])], h0 + rb2_);
-  for (int32_t t = 0; t < tokens_; ++t) {
-    for (int64_t i = 0; i < n; ++i) acc[i] = 0.0f;
-    const int32_t* ord = order_.data() + size_t(t) * size_t(cfg_.top_k);
-    const int32_t cnt = order_count_[size_t(t)];
-    for (int32_t j = 0; j < cnt; ++j) {
-      const int32_t slot = ord[j];
-      const int32_t e = ids_[slot];
-      const void* g = g_prep_.data() + size_t(slot) * size_t(mm_dn_.x_stride()) * xelem_;
-      const void* next = next_item;
-      if (j + 1 < cnt) {
-        next = mm_dn_.row_ptr(dn_[size_t(ids_[ord[j + 1]])], h0);
-      } else if (const int32_t tn = first_route(t + 1); tn >= 0) {
-        next = mm_dn_.row_ptr(dn_[size_t(ids_[order_[size_t(tn) * size_t(cfg_.top_k)]])], h0);
-      }
-      mm_dn_.run(dn_[size_t(e)], h0, n, 1, g, dot, mscratch, next);
+  float* acc = scratch;                                       // [tokens][n]
+  float* dot = acc + size_t(cfg_.max_tokens) * size_t(rb2_);  // [group size][n]
+  float* mscratch = dot + size_t(group_max_) * size_t(rb2_);
+  std::fill(acc, acc + int64_t(tokens_) * n, 0.0f);
+  const size_t gvec = size_t(mm_dn_.x_stride()) * xelem_;
+  for (int32_t grp = 0; grp < groups_; ++grp) {
+    const int32_t first = group_begin_[size_t(grp)];
+    const int32_t cnt = group_size(grp);
+    const int32_t e = group_expert(grp);
+    const void* next = nullptr;
+    if (grp + 1 < groups_)
+      next = mm_dn_.row_ptr(dn_[size_t(group_expert(grp + 1))], h0);
+    else if (item + 1 < nblk2_ && groups_ > 0)
+      next = mm_dn_.row_ptr(dn_[size_t(group_expert(0))], h0 + rb2_);
+    mm_dn_.run(dn_[size_t(e)], h0, n, cnt, g_grp_.data() + size_t(first) * gvec, dot, mscratch, next);
+    const uint16_t* bias = dn_bias_[size_t(e)];
+    for (int32_t m = 0; m < cnt; ++m) {
+      const int32_t slot = route_slot_[size_t(first + m)];
       const float w = cfg_.weight_on_input ? 1.0f : weights_[slot];
-      const uint16_t* bias = dn_bias_[size_t(e)];
+      float* a = acc + int64_t(slot / K) * n;
+      const float* d = dot + int64_t(m) * n;
       for (int64_t i = 0; i < n; ++i) {
-        const float d = bias ? dot[i] + formats::bf16_to_f32(bias[h0 + i]) : dot[i];
-        acc[i] += w * d;
+        const float v = bias ? d[i] + formats::bf16_to_f32(bias[h0 + i]) : d[i];
+        a[i] += w * v;
       }
     }
+  }
+  for (int32_t t = 0; t < tokens_; ++t) {
+    const float* a = acc + int64_t(t) * n;
     if (cfg_.out_dtype == MOEJIT_DTYPE_BF16) {
       uint16_t* yt = static_cast<uint16_t*>(y_) + int64_t(t) * H + h0;
-      for (int64_t i = 0; i < n; ++i) yt[i] = formats::f32_to_bf16(acc[i]);
+      for (int64_t i = 0; i < n; ++i) yt[i] = formats::f32_to_bf16(a[i]);
     } else {
-      float* yt = static_cast<float*>(y_) + int64_t(t) * H + h0;
-      for (int64_t i = 0; i < n; ++i) yt[i] = acc[i];
+      std::memcpy(static_cast<float*>(y_) + int64_t(t) * H + h0, a, size_t(n) * 4);
     }
   }
 }

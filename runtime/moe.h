@@ -1,6 +1,13 @@
 // MoE layer: experts' banks read in place, kernels resolved at construction,
 // one decode call = pass 1 (gate/up + activation) and pass 2 (down + weighted
 // sum) split into row-block work items across the context's pool.
+//
+// Routes are grouped by expert (a counting sort). With dedup (the default) a
+// group is every route of one expert: its weight rows are read and decoded
+// once and multiplied against all of its tokens in one kernel call. Without
+// dedup every route is its own group. Groups run in ascending expert id, routes
+// inside a group in slot order, so each token's pass-2 sum follows the
+// canonical order in both modes and the bits are the same.
 #pragma once
 
 #include <atomic>
@@ -48,24 +55,31 @@ class MoeLayer {
   void pass1(int64_t item, int worker);
   void pass2(int64_t item, int worker);
   uint64_t expert_bytes() const;
+  int32_t group_expert(int32_t g) const { return ids_[route_slot_[size_t(group_begin_[size_t(g)])]]; }
+  int32_t group_size(int32_t g) const { return group_begin_[size_t(g) + 1] - group_begin_[size_t(g)]; }
 
   std::shared_ptr<Context> ctx_;
   MoeConfig cfg_;
   std::vector<formats::MatrixRef> gu_, dn_;
   std::vector<const uint16_t*> gu_bias_, dn_bias_;
   Matmul mm_gu_, mm_dn_;
-  int rb1_ = 16, rb2_ = 16;
+  int rb1_ = 16, rb2_ = 16;  // rows of I per pass-1 item, rows of H per pass-2 item
   int64_t nblk1_ = 0, nblk2_ = 0;
 
   // Scratch sized once at construction.
-  std::vector<uint8_t> x_prep_;  // [max_tokens][x_stride(H)] fp32 or bf16
-  std::vector<uint8_t> g_prep_;  // [max_tokens * top_k][x_stride(I)] fp32 or bf16
+  std::vector<uint8_t> x_prep_;  // [max_tokens][x_stride(H)]: each token's prepared x
+  std::vector<uint8_t> x_grp_;   // [max_tokens * top_k][x_stride(H)]: x of each route, grouped (dedup)
+  std::vector<uint8_t> g_grp_;   // [max_tokens * top_k][x_stride(I)]: g of each route, grouped
   size_t xelem_ = 4;
   std::vector<float> worker_scratch_;  // per worker: matmul scratch + pass buffers
   size_t worker_floats_ = 0;
-  std::vector<int32_t> act_slot_;     // active routes (slot = t * top_k + k)
-  std::vector<int32_t> order_;        // per token: its active slots in canonical order
-  std::vector<int32_t> order_count_;  // per token
+  std::vector<int32_t> expert_count_;  // [E + 1] counting sort of routes by expert
+  std::vector<int32_t> route_slot_;    // routes sorted by (expert, slot); slot = t * top_k + k
+  std::vector<int32_t> group_begin_;   // [groups + 1]: a group is one expert's routes (dedup) or one route
+  int32_t groups_ = 0;
+  int32_t group_max_ = 1;  // largest group: max_tokens * top_k with dedup, else 1
+  bool dedup_ = true;
+  bool debug_ = false;  // MOEJIT_DEDUP_DEBUG: print each call's reuse factor
   Job job_;
 
   // The call in flight.
