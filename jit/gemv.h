@@ -18,11 +18,12 @@ struct GemvArgs {
   const float* row_scales;  // nvfp4 per-row globals of the first row
   const void* x;            // prepared activations, `tokens` vectors of x_stride(k) elements
   float* y;                 // y[m * rows + r]
-  const void* w_next;       // first row of the call that follows (prefetched during the last tile)
+  const void* w_prefetch;   // first row of a later call: while this call reads w + d, the kernel
+                            // prefetches w_prefetch + d, so DRAM runs ahead across calls
 };
 static_assert(offsetof(GemvArgs, w) == 0 && offsetof(GemvArgs, scales) == 8 &&
                   offsetof(GemvArgs, row_scales) == 16 && offsetof(GemvArgs, x) == 24 &&
-                  offsetof(GemvArgs, y) == 32 && offsetof(GemvArgs, w_next) == 40,
+                  offsetof(GemvArgs, y) == 32 && offsetof(GemvArgs, w_prefetch) == 40,
               "GemvArgs layout is read by generated code");
 
 using GemvFn = void (*)(const GemvArgs*);

@@ -89,7 +89,7 @@ moejit_status Matmul::resolve(int max_tokens, std::string* err) {
 }
 
 void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens, const void* x, float* y,
-                 float* scratch, const void* next) const {
+                 float* scratch, const void* prefetch) const {
   const int64_t xs = x_stride();
   if (isa_ == jit::Isa::scalar) {
     for (int t = 0; t < tokens; ++t)
@@ -113,12 +113,8 @@ void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens,
       a.row_scales = m.row_scales ? m.row_scales + r : nullptr;
       a.x = static_cast<const uint8_t*>(x) + size_t(t0) * size_t(xs) * xbytes;
       a.y = scratch;
-      if (e < r0 + n)
-        a.w_next = static_cast<const uint8_t*>(m.data) + e * rb;  // next segment
-      else if (t0 + mc < tokens)
-        a.w_next = static_cast<const uint8_t*>(m.data) + r0 * rb;  // next token group
-      else
-        a.w_next = next ? next : static_cast<const uint8_t*>(m.data) + e * rb;
+      const uint8_t* wseg = static_cast<const uint8_t*>(a.w);
+      a.w_prefetch = prefetch ? static_cast<const uint8_t*>(prefetch) + (r - r0) * rb : wseg + kPrefetchBytes;
       table_[size_t(len) * size_t(max_m_ + 1) + size_t(mc)](&a);
       for (int t = 0; t < mc; ++t)
         std::memcpy(y + int64_t(t0 + t) * n + (r - r0), scratch + int64_t(t) * len, size_t(len) * 4);

@@ -12,6 +12,11 @@
 
 namespace moejit {
 
+// How far ahead of its reads a thread prefetches weights. Measured on Zen 4
+// (1 thread, cold fp8 rows of 2 KiB): 2 KiB ahead 55% of the read bandwidth,
+// 8 KiB 70%, 64 KiB 80%.
+constexpr int64_t kPrefetchBytes = 64 * 1024;
+
 class Matmul {
  public:
   // `flags` are jit::kFlag* bits for every kernel (0 picks the fastest path the CPU has).
@@ -24,10 +29,13 @@ class Matmul {
 
   // y[t * n + i] = dot(row r0 + i, x[t]) for t < tokens, i < n. x holds `tokens`
   // prepared vectors of x_stride() elements. `scratch` holds scratch_floats().
-  // `next` is the first weight row of the call that will follow on this thread
-  // (prefetched ahead); nullptr means the rows right after these.
+  // `prefetch` is the first weight row of a later call of this thread, fetched
+  // while this one runs; nullptr means the bytes kPrefetchBytes past these rows
+  // (a thread reading one matrix front to back).
   void run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens, const void* x, float* y,
-           float* scratch, const void* next = nullptr) const;
+           float* scratch, const void* prefetch = nullptr) const;
+  // Weight bytes one call reads for n rows.
+  int64_t call_bytes(int64_t n) const { return n * formats::row_bytes(layout_.format, layout_.k); }
   // Address of row r's weights.
   const void* row_ptr(const formats::MatrixRef& m, int64_t r) const {
     return static_cast<const uint8_t*>(m.data) + r * formats::row_bytes(layout_.format, layout_.k);

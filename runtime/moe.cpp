@@ -76,6 +76,11 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   if (st == MOEJIT_OK) st = m->mm_dn_.resolve(group_max, err);
   if (st != MOEJIT_OK) return st;
 
+  // Calls to look ahead for the prefetch (each call reads one row block of one expert).
+  const int64_t b1 = m->mm_gu_.call_bytes(cfg.interleaved ? 2 * m->rb1_ : m->rb1_);
+  const int64_t b2 = m->mm_dn_.call_bytes(m->rb2_);
+  m->ahead1_ = std::max<int64_t>(1, (kPrefetchBytes + b1 - 1) / b1);
+  m->ahead2_ = std::max<int64_t>(1, (kPrefetchBytes + b2 - 1) / b2);
   m->xelem_ = m->mm_gu_.x_elem_bytes();
   const size_t T = size_t(cfg.max_tokens), K = size_t(cfg.top_k), R = T * K;
   const size_t gmax = size_t(group_max);
@@ -185,6 +190,26 @@ void MoeLayer::run_item(void* self, int phase, int64_t item, int worker) {
     m->pass2(item, worker);
 }
 
+// First weight row of pass-1 call number `call` (gate and up calls alternate
+// when concatenated); nullptr past the end.
+const void* MoeLayer::pass1_call(int64_t call) const {
+  const int cpi = cfg_.interleaved ? 1 : 2;
+  const int64_t item = call / cpi;
+  if (item >= int64_t(groups_) * nblk1_) return nullptr;
+  const int64_t j0 = (item % nblk1_) * rb1_;
+  const formats::MatrixRef& w = gu_[size_t(group_expert(int32_t(item / nblk1_)))];
+  if (cfg_.interleaved) return mm_gu_.row_ptr(w, 2 * j0);
+  return mm_gu_.row_ptr(w, call % 2 == 0 ? j0 : cfg_.intermediate + j0);
+}
+
+// First weight row of pass-2 call number `call` (item-major, then group).
+const void* MoeLayer::pass2_call(int64_t call) const {
+  if (groups_ == 0) return nullptr;
+  const int64_t item = call / groups_;
+  if (item >= nblk2_) return nullptr;
+  return mm_dn_.row_ptr(dn_[size_t(group_expert(int32_t(call % groups_)))], item * rb2_);
+}
+
 // Pass 1 item: one group's rows [j0, j0 + n) of gate and up for all of its routes.
 void MoeLayer::pass1(int64_t item, int worker) {
   const int64_t I = cfg_.intermediate;
@@ -205,22 +230,21 @@ void MoeLayer::pass1(int64_t item, int worker) {
       dedup_ ? static_cast<const void*>(x_grp_.data() + size_t(first) * xvec)
              : static_cast<const void*>(x_prep_.data() + size_t(route_slot_[size_t(first)] / K) * xvec);
   const formats::MatrixRef& w = gu_[size_t(e)];
-  // The next item of this worker is item + 1 (contiguous ranges): prefetch its first rows.
-  const void* next_item = nullptr;
-  if (item + 1 < job_.counts[0]) {
-    const int64_t nj0 = ((item + 1) % nblk1_) * rb1_;
-    next_item = mm_gu_.row_ptr(gu_[size_t(group_expert(int32_t((item + 1) / nblk1_)))],
-                               cfg_.interleaved ? 2 * nj0 : nj0);
-  }
+  // Workers own contiguous item ranges, so this thread's later calls are known:
+  // prefetch the one about kPrefetchBytes ahead.
+  const int cpi = cfg_.interleaved ? 1 : 2;
+  const int64_t call = item * cpi;
+  const void* pf0 = pass1_call(call + ahead1_);
+  const void* pf1 = pass1_call(call + 1 + ahead1_);
   if (cfg_.interleaved) {
-    mm_gu_.run(w, 2 * j0, 2 * n, cnt, xg, both, mscratch, next_item);
+    mm_gu_.run(w, 2 * j0, 2 * n, cnt, xg, both, mscratch, pf0);
     for (int64_t i = 0; i < int64_t(cnt) * n; ++i) {
       gate[i] = both[2 * i];
       up[i] = both[2 * i + 1];
     }
   } else {
-    mm_gu_.run(w, j0, n, cnt, xg, gate, mscratch, mm_gu_.row_ptr(w, I + j0));
-    mm_gu_.run(w, I + j0, n, cnt, xg, up, mscratch, next_item);
+    mm_gu_.run(w, j0, n, cnt, xg, gate, mscratch, pf0);
+    mm_gu_.run(w, I + j0, n, cnt, xg, up, mscratch, pf1);
   }
   const uint16_t* bias = gu_bias_[size_t(e)];
   const size_t gvec = size_t(mm_dn_.x_stride()) * xelem_;
@@ -262,12 +286,8 @@ void MoeLayer::pass2(int64_t item, int worker) {
     const int32_t first = group_begin_[size_t(grp)];
     const int32_t cnt = group_size(grp);
     const int32_t e = group_expert(grp);
-    const void* next = nullptr;
-    if (grp + 1 < groups_)
-      next = mm_dn_.row_ptr(dn_[size_t(group_expert(grp + 1))], h0);
-    else if (item + 1 < nblk2_ && groups_ > 0)
-      next = mm_dn_.row_ptr(dn_[size_t(group_expert(0))], h0 + rb2_);
-    mm_dn_.run(dn_[size_t(e)], h0, n, cnt, g_grp_.data() + size_t(first) * gvec, dot, mscratch, next);
+    const void* pf = pass2_call(item * groups_ + grp + ahead2_);
+    mm_dn_.run(dn_[size_t(e)], h0, n, cnt, g_grp_.data() + size_t(first) * gvec, dot, mscratch, pf);
     const uint16_t* bias = dn_bias_[size_t(e)];
     for (int32_t m = 0; m < cnt; ++m) {
       const int32_t slot = route_slot_[size_t(first + m)];

@@ -56,6 +56,8 @@ class MoeLayer {
   void pass2(int64_t item, int worker);
   uint64_t expert_bytes() const;
   int32_t group_expert(int32_t g) const { return ids_[route_slot_[size_t(group_begin_[size_t(g)])]]; }
+  const void* pass1_call(int64_t call) const;
+  const void* pass2_call(int64_t call) const;
   int32_t group_size(int32_t g) const { return group_begin_[size_t(g) + 1] - group_begin_[size_t(g)]; }
 
   std::shared_ptr<Context> ctx_;
@@ -65,6 +67,7 @@ class MoeLayer {
   Matmul mm_gu_, mm_dn_;
   int rb1_ = 16, rb2_ = 16;  // rows of I per pass-1 item, rows of H per pass-2 item
   int64_t nblk1_ = 0, nblk2_ = 0;
+  int64_t ahead1_ = 1, ahead2_ = 1;  // calls between a read and its prefetch
 
   // Scratch sized once at construction.
   std::vector<uint8_t> x_prep_;  // [max_tokens][x_stride(H)]: each token's prepared x

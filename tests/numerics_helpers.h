@@ -1,0 +1,107 @@
+// RAII handles and call helpers shared by the numerics suites.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moejit.h"
+#include "numerics_ref.h"
+#include "test_util.h"
+
+namespace moejit_test {
+
+struct CtxDeleter {
+  void operator()(moejit_context* c) const { moejit_context_destroy(c); }
+};
+struct MoeDeleter {
+  void operator()(moejit_moe* m) const { moejit_moe_destroy(m); }
+};
+struct LinearDeleter {
+  void operator()(moejit_linear* l) const { moejit_linear_destroy(l); }
+};
+using CtxPtr = std::unique_ptr<moejit_context, CtxDeleter>;
+using MoePtr = std::unique_ptr<moejit_moe, MoeDeleter>;
+using LinearPtr = std::unique_ptr<moejit_linear, LinearDeleter>;
+
+inline const moejit_isa kTiers[] = {MOEJIT_ISA_SCALAR, MOEJIT_ISA_AVX2, MOEJIT_ISA_AVX512,
+                                    MOEJIT_ISA_AVX512_BF16};
+
+// A context on exactly `tier` (fails the test when the library reports another).
+inline CtxPtr make_ctx(moejit_isa tier, int threads, uint32_t flags = 0,
+                       const std::vector<int32_t>* cpus = nullptr) {
+  clear_isa_env();
+  moejit_context_desc d = context_desc(tier, threads);
+  d.flags = flags;
+  if (cpus) {
+    d.cpu_ids = cpus->data();
+    d.num_cpu_ids = int32_t(cpus->size());
+  }
+  moejit_context* c = nullptr;
+  const moejit_status st = moejit_context_create(&d, &c);
+  EXPECT_EQ(st, MOEJIT_OK) << moejit_isa_name(tier) << ": " << last_error();
+  if (st != MOEJIT_OK) return nullptr;
+  if (tier != MOEJIT_ISA_AUTO) {
+    EXPECT_EQ(moejit_context_isa(c), tier)
+        << "forced " << moejit_isa_name(tier) << ", context runs " << moejit_isa_name(moejit_context_isa(c));
+    if (moejit_context_isa(c) != tier) {
+      moejit_context_destroy(c);
+      return nullptr;
+    }
+  }
+  return CtxPtr(c);
+}
+
+inline MoePtr make_moe_obj(moejit_context* ctx, const MoeData& d) {
+  const moejit_moe_desc desc = d.desc();
+  moejit_moe* m = nullptr;
+  const moejit_status st = moejit_moe_create(ctx, &desc, &m);
+  EXPECT_EQ(st, MOEJIT_OK) << d.p.name << ": " << last_error();
+  return MoePtr(st == MOEJIT_OK ? m : nullptr);
+}
+
+inline LinearPtr make_linear_obj(moejit_context* ctx, const moejit_linear_desc& desc,
+                                 const std::string& name) {
+  moejit_linear* l = nullptr;
+  const moejit_status st = moejit_linear_create(ctx, &desc, &l);
+  EXPECT_EQ(st, MOEJIT_OK) << name << ": " << last_error();
+  return LinearPtr(st == MOEJIT_OK ? l : nullptr);
+}
+
+inline size_t dsize(moejit_dtype dt) { return dt == MOEJIT_DTYPE_F32 ? 4 : 2; }
+
+// y of a call on the first `tokens` tokens; checks nothing past those rows was
+// written (the buffer holds max_tokens rows plus a guard).
+inline std::vector<uint8_t> moe_call(moejit_moe* moe, const MoeData& d, int tokens, bool submit = false,
+                                     moejit_context* ctx = nullptr) {
+  const size_t row = size_t(d.p.H) * dsize(d.p.out);
+  Sentinel y(row * size_t(d.p.max_tokens) + 256);
+  moejit_status st;
+  if (submit) {
+    st = moejit_moe_submit(moe, tokens, d.x.data(), d.ids.data(), d.w.data(), y.data());
+    EXPECT_EQ(st, MOEJIT_OK) << d.p.name << ": " << last_error();
+    EXPECT_EQ(moejit_context_wait(ctx), MOEJIT_OK) << last_error();
+  } else {
+    st = moejit_moe_forward(moe, tokens, d.x.data(), d.ids.data(), d.w.data(), y.data());
+    EXPECT_EQ(st, MOEJIT_OK) << d.p.name << " tokens " << tokens << ": " << last_error();
+  }
+  EXPECT_EQ(y.first_changed(row * size_t(tokens)), -1)
+      << d.p.name << ": y written past " << tokens << " rows";
+  y.bytes.resize(row * size_t(tokens));
+  return y.bytes;
+}
+
+inline std::vector<uint8_t> linear_call(moejit_linear* lin, const LinearData& d, int tokens) {
+  const size_t row = size_t(d.p.rows) * dsize(d.p.out);
+  Sentinel y(row * size_t(d.p.max_tokens) + 256);
+  const moejit_status st = moejit_linear_forward(lin, tokens, d.x.data(), y.data());
+  EXPECT_EQ(st, MOEJIT_OK) << d.p.name << " tokens " << tokens << ": " << last_error();
+  EXPECT_EQ(y.first_changed(row * size_t(tokens)), -1)
+      << d.p.name << ": y written past " << tokens << " rows";
+  y.bytes.resize(row * size_t(tokens));
+  return y.bytes;
+}
+
+}  // namespace moejit_test

@@ -1,0 +1,431 @@
+#include "numerics_ref.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+namespace moejit_test {
+
+namespace {
+
+constexpr uint16_t kBf16NaN = 0x7FC0;
+constexpr uint32_t kF32NaN = 0x7FC00000u;
+
+uint16_t random_bf16(Rng& rng, int emin, int emax) {
+  if (rng.chance(0.05)) return 0;
+  const double mag = std::ldexp(1.0 + rng.unit(), rng.uniform(emin, emax));
+  return fm::f32_to_bf16(float(rng.chance(0.5) ? -mag : mag));
+}
+
+uint8_t exact_e4m3_code(Rng& rng) {
+  if (rng.chance(0.125)) return rng.chance(0.5) ? 0x00 : 0x80;  // +0 and -0
+  const int s = rng.uniform(0, 1), e = rng.uniform(4, 7), m = rng.uniform(0, 7);
+  return uint8_t(s << 7 | e << 3 | m);
+}
+
+}  // namespace
+
+double round_bf16(double v) {
+  if (v == 0 || !std::isfinite(v)) return v;
+  int e;
+  std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
+  const double q = std::ldexp(1.0, std::max(e - 8, -133));
+  const double r = std::nearbyint(v / q) * q;  // ties to even (default rounding mode)
+  if (std::fabs(r) >= std::ldexp(1.0, 128)) return std::copysign(INFINITY, v);
+  return r;
+}
+
+double bf16_quantum(double v) {
+  if (v == 0) return std::ldexp(1.0, -133);
+  int e;
+  std::frexp(v, &e);
+  return std::ldexp(1.0, std::max(e - 8, -133));
+}
+
+// ---------------------------------------------------------------- Mat
+
+moejit_matrix Mat::api() const {
+  moejit_matrix m;
+  std::memset(&m, 0, sizeof(m));
+  m.data = data.data();
+  m.scales = scales.empty() ? nullptr : scales.data();
+  m.scale_row_stride = api_stride;
+  m.row_scales = nullptr;
+  m.bias = bias.empty() ? nullptr : bias.data();
+  return m;
+}
+
+fm::Layout Mat::layout() const {
+  fm::Layout l;
+  l.format = static_cast<fm::Format>(fmt);
+  l.scale_dtype = sdt == MOEJIT_DTYPE_F32 ? fm::ScaleDtype::f32 : fm::ScaleDtype::bf16;
+  l.group = fm::default_group(l.format, 0);
+  l.rows = rows;
+  l.k = k;
+  l.scale_stride = stride;
+  return l;
+}
+
+fm::MatrixRef Mat::ref() const {
+  fm::MatrixRef r;
+  r.data = data.data();
+  r.scales = scales.empty() ? nullptr : scales.data();
+  return r;
+}
+
+std::vector<double> Mat::dequant() const {
+  const fm::Layout l = layout();
+  const fm::MatrixRef m = ref();
+  std::vector<double> out(size_t(rows * k));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < k; ++c) out[size_t(r * k + c)] = fm::weight(l, m, r, c);
+  return out;
+}
+
+double Mat::bias_at(int64_t r) const { return bias.empty() ? 0.0 : double(fm::bf16_to_f32(bias[size_t(r)])); }
+
+void Mat::set_scale(int64_t sr, int64_t sc, float v) {
+  const size_t i = size_t(sr * stride + sc);
+  if (sdt == MOEJIT_DTYPE_F32) {
+    std::memcpy(&scales[i * 4], &v, 4);
+  } else {
+    const uint16_t b = fm::f32_to_bf16(v);
+    std::memcpy(&scales[i * 2], &b, 2);
+  }
+}
+
+Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64_t pad, Fill fill, bool bias,
+             Rng& rng) {
+  Mat m;
+  m.fmt = fmt;
+  m.sdt = sdt;
+  m.rows = rows;
+  m.k = k;
+  if (fmt == MOEJIT_FORMAT_BF16) {
+    m.data.resize(size_t(rows * k * 2));
+    for (int64_t i = 0; i < rows * k; ++i) {
+      const uint16_t v = fill == Fill::exact ? fm::f32_to_bf16(float(rng.uniform(-15, 15)) / 32.0f)
+                                             : random_bf16(rng, -10, 0);
+      std::memcpy(&m.data[size_t(i * 2)], &v, 2);
+    }
+  } else {  // fp8_block
+    m.data.resize(size_t(rows * k));
+    for (auto& b : m.data) b = fill == Fill::exact ? exact_e4m3_code(rng) : uint8_t(rng.next());
+    m.srows = (rows + 127) / 128;
+    m.scols = (k + 127) / 128;
+    m.stride = m.scols + pad;
+    m.api_stride = pad ? m.stride : 0;
+    const size_t n = size_t(m.srows * m.stride);
+    if (sdt == MOEJIT_DTYPE_F32) {
+      m.scales.resize(n * 4);
+      for (size_t i = 0; i < n; ++i) std::memcpy(&m.scales[i * 4], &kF32NaN, 4);
+    } else {
+      m.scales.resize(n * 2);
+      for (size_t i = 0; i < n; ++i) std::memcpy(&m.scales[i * 2], &kBf16NaN, 2);
+    }
+    for (int64_t sr = 0; sr < m.srows; ++sr)
+      for (int64_t sc = 0; sc < m.scols; ++sc) {
+        float v;
+        if (fill == Fill::exact) {
+          v = std::ldexp(1.0f, -rng.uniform(0, 2));
+        } else {
+          v = float(std::ldexp(1.0 + rng.unit(), rng.uniform(-9, -6)));
+          if (rng.chance(0.1)) v = -v;
+        }
+        m.set_scale(sr, sc, v);
+      }
+  }
+  if (bias) {
+    m.bias.resize(size_t(rows));
+    for (auto& b : m.bias)
+      b = fill == Fill::exact ? fm::f32_to_bf16(float(rng.uniform(-32, 32)) / 64.0f)
+                              : random_bf16(rng, -6, 0);
+  }
+  return m;
+}
+
+std::vector<uint16_t> make_x(int64_t n, Fill fill, Rng& rng) {
+  std::vector<uint16_t> x(static_cast<size_t>(n));
+  for (auto& v : x)
+    v = fill == Fill::exact ? fm::f32_to_bf16(float(rng.uniform(-8, 8)) / 16.0f) : random_bf16(rng, -6, 1);
+  return x;
+}
+
+// ---------------------------------------------------------------- MoE
+
+moejit_moe_desc MoeData::desc() const {
+  moejit_moe_desc d;
+  std::memset(&d, 0, sizeof(d));
+  d.struct_size = sizeof(d);
+  d.format = p.fmt;
+  d.scale_dtype = p.fmt == MOEJIT_FORMAT_FP8_BLOCK ? p.sdt : MOEJIT_DTYPE_BF16;
+  d.hidden = p.H;
+  d.intermediate = p.I;
+  d.num_experts = p.E;
+  d.top_k = p.top_k;
+  d.max_tokens = p.max_tokens;
+  d.activation = p.act;
+  d.swiglu_alpha = p.alpha;
+  d.swiglu_limit = p.limit;
+  d.gate_up_interleaved = p.interleaved;
+  d.router_weight_on_input = p.rwoi;
+  d.output_dtype = p.out;
+  d.gate_up = gu_api.data();
+  d.down = dn_api.data();
+  return d;
+}
+
+MoeData make_moe(const MoeProblem& p) {
+  MoeData d;
+  d.p = p;
+  Rng rng(p.seed);
+  for (int e = 0; e < p.E; ++e) {
+    d.gu.push_back(make_mat(p.fmt, p.sdt, 2 * int64_t(p.I), p.H, p.pad, p.fill, p.bias, rng));
+    d.dn.push_back(make_mat(p.fmt, p.sdt, p.H, p.I, p.pad, p.fill, p.bias, rng));
+  }
+  for (int e = 0; e < p.E; ++e) {
+    d.gu_api.push_back(d.gu[size_t(e)].api());
+    d.dn_api.push_back(d.dn[size_t(e)].api());
+  }
+  d.x = make_x(int64_t(p.max_tokens) * p.H, p.fill, rng);
+  const int K = p.top_k;
+  d.ids.resize(size_t(p.max_tokens * K));
+  d.w.resize(size_t(p.max_tokens * K));
+  const int32_t negatives[] = {-1, INT32_MIN, -p.E, -1000};
+  for (int t = 0; t < p.max_tokens; ++t) {
+    for (int j = 0; j < K; ++j) {
+      int32_t id;
+      if (t == 2 || rng.chance(0.12)) {
+        id = negatives[rng.uniform(0, 3)];  // token 2: every route skipped
+      } else if (j > 0 && rng.chance(0.15)) {
+        id = d.ids[size_t(t * K + rng.uniform(0, j - 1))];  // duplicate route
+        if (id < 0) id = rng.uniform(0, p.E - 1);
+      } else {
+        id = rng.uniform(0, p.E - 1);
+      }
+      d.ids[size_t(t * K + j)] = id;
+      d.w[size_t(t * K + j)] = p.rwoi && p.fill == Fill::exact ? std::ldexp(1.0f, -rng.uniform(0, 3))
+                                                               : float(0.05 + 0.95 * rng.unit());
+    }
+  }
+  return d;
+}
+
+namespace {
+
+double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+
+double activation(const MoeProblem& p, double gate, double up) {
+  const double alpha = p.alpha == 0 ? double(1.702f) : double(p.alpha);
+  const double L = double(p.limit);
+  const bool clamp = L > 0 && std::isfinite(L);
+  switch (p.act) {
+    case MOEJIT_ACT_SILU: return gate * sigmoid(gate) * up;
+    case MOEJIT_ACT_GELU: return 0.5 * gate * (1.0 + std::erf(gate / std::sqrt(2.0))) * up;
+    case MOEJIT_ACT_GELU_TANH:
+      return 0.5 * gate * (1.0 + std::tanh(0.7978845608 * (gate + 0.044715 * gate * gate * gate))) * up;
+    case MOEJIT_ACT_SWIGLU_OAI:
+    case MOEJIT_ACT_SWIGLU_CLAMP: {
+      if (clamp) {
+        gate = std::min(gate, L);
+        up = std::min(std::max(up, -L), L);
+      }
+      const double u = p.act == MOEJIT_ACT_SWIGLU_OAI ? up + 1.0 : up;
+      return gate * sigmoid(alpha * gate) * u;
+    }
+  }
+  return NAN;
+}
+
+}  // namespace
+
+// Bounds. Pass 1: with exact data gate/up are exact in fp32; otherwise they are
+// within (H+64)u * sum|terms|. The kernel's fp32 activation is within
+// kActUlps*u*|gate|*(|up|+1) of the exact one; every activation here is
+// 1.2-Lipschitz in gate per unit of |up| and |gate|-Lipschitz in up. So the
+// kernel's fp32 g lies within delta of the exact value and, rounding being
+// monotonic, its bf16 g lies in [bf16(a - delta), bf16(a + delta)]: outside a
+// midpoint's neighbourhood that interval is the single value bf16(a).
+// Pass 2: the dot over I terms, block scales, bias, route weight and the route
+// sum are fp32 roundings: (I + 64 + 4*top_k)u * sum|terms|, plus the g allowance
+// times |w * down|, plus half a bf16 ulp when y is bf16.
+Reference moe_reference(const MoeData& d) {
+  const MoeProblem& p = d.p;
+  const int T = p.max_tokens, H = p.H, I = p.I, K = p.top_k;
+  const bool oai = p.act == MOEJIT_ACT_SWIGLU_OAI;
+  Reference ref;
+  ref.y.assign(size_t(T * H), 0.0);
+  ref.bound.assign(size_t(T * H), 0.0);
+  ref.all_skipped.assign(size_t(T), true);
+  std::vector<double> S(size_t(T * H), 0.0), A(size_t(T * H), 0.0);
+  std::vector<double> xd(d.x.size());
+  for (size_t i = 0; i < xd.size(); ++i) xd[i] = fm::bf16_to_f32(d.x[i]);
+
+  for (int e = 0; e < p.E; ++e) {
+    std::vector<std::pair<int, int>> routes;
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < K; ++j)
+        if (d.ids[size_t(t * K + j)] == e) routes.push_back({t, j});
+    if (routes.empty()) continue;
+    const Mat& gu = d.gu[size_t(e)];
+    const Mat& dn = d.dn[size_t(e)];
+    const std::vector<double> Wg = gu.dequant(), Wd = dn.dequant();
+    std::vector<double> g(static_cast<size_t>(I)), allow(static_cast<size_t>(I));
+    for (auto [t, j] : routes) {
+      ref.all_skipped[size_t(t)] = false;
+      const double wt = double(d.w[size_t(t * K + j)]);
+      const double* x = &xd[size_t(t * H)];
+      for (int i = 0; i < I; ++i) {
+        const int gr = p.interleaved ? 2 * i : i;
+        const int ur = p.interleaved ? 2 * i + 1 : I + i;
+        double dg = 0, sg = 0, du = 0, su = 0;
+        const double* wg = &Wg[size_t(gr) * H];
+        const double* wu = &Wg[size_t(ur) * H];
+        for (int k = 0; k < H; ++k) {
+          dg += wg[k] * x[k];
+          sg += std::fabs(wg[k] * x[k]);
+          du += wu[k] * x[k];
+          su += std::fabs(wu[k] * x[k]);
+        }
+        const double bg = gu.bias_at(gr), bu = gu.bias_at(ur);
+        const double ws = p.rwoi ? wt : 1.0;
+        const double gate = ws * dg + bg, up = ws * du + bu;
+        const double sgate = std::fabs(ws) * sg + std::fabs(bg), sup = std::fabs(ws) * su + std::fabs(bu);
+        const double dgate = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sgate;
+        const double dup = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sup;
+        const double a = activation(p, gate, up);
+        const double gm = std::fabs(gate) + dgate;
+        const double um = std::fabs(up) + dup + (oai ? 1.0 : 0.0);
+        const double delta = kActUlps * kU * gm * um + 1.2 * um * dgate + gm * dup;
+        const double gref = round_bf16(a);
+        const double lo = round_bf16(a - delta), hi = round_bf16(a + delta);
+        g[size_t(i)] = gref;
+        allow[size_t(i)] = std::max(hi - gref, gref - lo);
+        ref.flagged += allow[size_t(i)] > 0;
+        ref.g_elems++;
+      }
+      // Ambiguities on elements far below the route's largest |g| (activations
+      // near zero, where fp32 cancellation is legitimate) cost nothing in the
+      // bound; those on large elements are what keeps the test tight.
+      const double gmax = *std::max_element(g.begin(), g.end(),
+                                            [](double a, double b) { return std::fabs(a) < std::fabs(b); });
+      for (int i = 0; i < I; ++i)
+        ref.significant += allow[size_t(i)] > 0 && std::fabs(g[size_t(i)]) * 16 >= std::fabs(gmax);
+      const double wc = p.rwoi ? 1.0 : wt;
+      for (int h = 0; h < H; ++h) {
+        const double* wd = &Wd[size_t(h) * I];
+        double dot = 0, s = 0, sa = 0;
+        for (int i = 0; i < I; ++i) {
+          dot += wd[i] * g[size_t(i)];
+          s += std::fabs(wd[i] * g[size_t(i)]);
+          sa += std::fabs(wd[i]) * allow[size_t(i)];
+        }
+        const double bd = dn.bias_at(h);
+        const size_t o = size_t(t * H + h);
+        ref.y[o] += wc * (dot + bd);
+        S[o] += std::fabs(wc) * (s + sa + std::fabs(bd));
+        A[o] += std::fabs(wc) * sa;
+      }
+    }
+  }
+  for (size_t o = 0; o < ref.y.size(); ++o) {
+    double b = (I + 64 + 4 * K) * kU * S[o] + A[o];
+    if (p.out == MOEJIT_DTYPE_BF16) b += 0.5 * bf16_quantum(std::fabs(ref.y[o]) + b);
+    ref.bound[o] = b;
+  }
+  return ref;
+}
+
+// ---------------------------------------------------------------- linear
+
+moejit_linear_desc LinearData::desc() const {
+  moejit_linear_desc d;
+  std::memset(&d, 0, sizeof(d));
+  d.struct_size = sizeof(d);
+  d.format = p.fmt;
+  d.scale_dtype = p.fmt == MOEJIT_FORMAT_FP8_BLOCK ? p.sdt : MOEJIT_DTYPE_BF16;
+  d.rows = p.rows;
+  d.cols = p.cols;
+  d.max_tokens = p.max_tokens;
+  d.weight = w.api();
+  d.output_dtype = p.out;
+  return d;
+}
+
+LinearData make_linear(const LinearProblem& p) {
+  LinearData d;
+  d.p = p;
+  Rng rng(p.seed);
+  d.w = make_mat(p.fmt, p.sdt, p.rows, p.cols, p.pad, Fill::random, p.bias, rng);
+  d.x = make_x(int64_t(p.max_tokens) * p.cols, Fill::random, rng);
+  return d;
+}
+
+// |y - ref| <= 2^-24 (K + 64) (sum_k |w_k x_k| + |bias|), + half a bf16 ulp for bf16 y.
+Reference linear_reference(const LinearData& d) {
+  const LinearProblem& p = d.p;
+  Reference ref;
+  ref.y.assign(size_t(p.max_tokens * p.rows), 0.0);
+  ref.bound.assign(ref.y.size(), 0.0);
+  const std::vector<double> W = d.w.dequant();
+  for (int t = 0; t < p.max_tokens; ++t)
+    for (int r = 0; r < p.rows; ++r) {
+      double dot = 0, s = 0;
+      for (int k = 0; k < p.cols; ++k) {
+        const double prod = W[size_t(r) * p.cols + k] * double(fm::bf16_to_f32(d.x[size_t(t * p.cols + k)]));
+        dot += prod;
+        s += std::fabs(prod);
+      }
+      const double b = d.w.bias_at(r);
+      const size_t o = size_t(t * p.rows + r);
+      ref.y[o] = dot + b;
+      double bound = (p.cols + 64) * kU * (s + std::fabs(b));
+      if (p.out == MOEJIT_DTYPE_BF16) bound += 0.5 * bf16_quantum(std::fabs(ref.y[o]) + bound);
+      ref.bound[o] = bound;
+    }
+  return ref;
+}
+
+// ---------------------------------------------------------------- checking
+
+double y_at(const std::vector<uint8_t>& y, moejit_dtype dt, size_t i) {
+  if (dt == MOEJIT_DTYPE_BF16) {
+    uint16_t v;
+    std::memcpy(&v, &y[i * 2], 2);
+    return fm::bf16_to_f32(v);
+  }
+  float f;
+  std::memcpy(&f, &y[i * 4], 4);
+  return f;
+}
+
+int64_t check_against(const std::vector<uint8_t>& y, moejit_dtype dt, const Reference& ref, int tokens,
+                      int cols, const std::string& what) {
+  int64_t bad = 0;
+  std::ostringstream os;
+  for (int t = 0; t < tokens; ++t) {
+    const bool skipped = !ref.all_skipped.empty() && ref.all_skipped[size_t(t)];
+    for (int c = 0; c < cols; ++c) {
+      const size_t i = size_t(t) * cols + c;
+      const double got = y_at(y, dt, i), want = ref.y[i], bound = ref.bound[i];
+      const bool ok = skipped ? (got == 0 && !std::signbit(got)) : std::fabs(got - want) <= bound;
+      if (ok) continue;
+      if (bad < 8) {
+        os.precision(10);
+        os << "\n  token " << t << " index " << c << ": got " << got << " want " << want << " |diff| "
+           << std::fabs(got - want) << " bound " << bound
+           << (skipped ? " (all routes skipped: must be +0.0)" : "");
+      }
+      ++bad;
+    }
+  }
+  if (bad)
+    ADD_FAILURE() << what << ": " << bad << " of " << int64_t(tokens) * cols << " elements out of bounds"
+                  << os.str();
+  return bad;
+}
+
+}  // namespace moejit_test

@@ -1,0 +1,149 @@
+// Test data and the float64 reference for the numerics suite. The reference is
+// built only from formats/ decoders (formats::weight, bf16 conversions) and
+// implements formats.md "MoE layer semantics" / "Dense linear semantics", with
+// an error bound per output element (see bounds in numerics_ref.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/formats.h"
+#include "moejit.h"
+
+namespace moejit_test {
+
+namespace fm = moejit::formats;
+
+constexpr double kU = 1.0 / 16777216.0;  // 2^-24, fp32 unit roundoff
+// Activation functions evaluated in fp32 by a kernel are trusted to within
+// kActUlps * 2^-24 * |gate| * (|up| (+1 for swiglu_oai)) of the exact value.
+constexpr double kActUlps = 16;
+
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x1234567ull) {}
+  uint64_t next() {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  int uniform(int lo, int hi) { return lo + int(next() % uint64_t(hi - lo + 1)); }  // inclusive
+  double unit() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }       // [0, 1)
+  bool chance(double p) { return unit() < p; }
+};
+
+// How test data is drawn.
+//  exact:  every product and partial sum of pass 1 is exact in fp32 (bf16
+//          weights n*2^-5 with |n| <= 15, e4m3 codes of exponent 4..7 or zero,
+//          power-of-two scales 1/4..1, x = n*2^-4 with |n| <= 8, biases n*2^-6),
+//          so the only legitimate kernel/reference difference in g is a bf16
+//          rounding flip next to a midpoint.
+//  random: full-range data (all e4m3 codes incl. +-480, wide bf16 exponents,
+//          non-power-of-two scales incl. f32 mantissas).
+enum class Fill { exact, random };
+
+// One [rows, K] matrix in the engine's layout, with poisoned scale padding.
+struct Mat {
+  moejit_format fmt = MOEJIT_FORMAT_BF16;
+  moejit_dtype sdt = MOEJIT_DTYPE_BF16;
+  int64_t rows = 0, k = 0;
+  int64_t api_stride = 0;  // what the API is given (0 = dense)
+  int64_t stride = 0;      // resolved
+  int64_t srows = 0, scols = 0;
+  std::vector<uint8_t> data;
+  std::vector<uint8_t> scales;  // srows * stride elements
+  std::vector<uint16_t> bias;   // empty = none
+
+  moejit_matrix api() const;
+  fm::Layout layout() const;
+  fm::MatrixRef ref() const;
+  std::vector<double> dequant() const;  // [rows * k], exact
+  double bias_at(int64_t r) const;
+  void set_scale(int64_t sr, int64_t sc, float v);  // v must be representable in the scale dtype
+};
+
+// pad > 0: scale_row_stride = scale columns + pad, padding holds NaN.
+Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64_t pad, Fill fill, bool bias,
+             Rng& rng);
+
+std::vector<uint16_t> make_x(int64_t n, Fill fill, Rng& rng);
+
+double round_bf16(double v);    // round to nearest even in bf16, from a double (no double rounding)
+double bf16_quantum(double v);  // spacing of bf16 values at |v|
+
+// ---------------------------------------------------------------- MoE
+
+struct MoeProblem {
+  std::string name;
+  moejit_format fmt = MOEJIT_FORMAT_BF16;
+  moejit_dtype sdt = MOEJIT_DTYPE_BF16;
+  int H = 64, I = 32, E = 8, top_k = 2, max_tokens = 9;
+  moejit_activation act = MOEJIT_ACT_SILU;
+  float alpha = 0, limit = 0;
+  int interleaved = 0, rwoi = 0;
+  moejit_dtype out = MOEJIT_DTYPE_BF16;
+  bool bias = false;
+  int pad = 0;
+  Fill fill = Fill::exact;
+  uint64_t seed = 1;
+};
+
+struct MoeData {
+  MoeProblem p;
+  std::vector<Mat> gu, dn;
+  std::vector<moejit_matrix> gu_api, dn_api;
+  std::vector<uint16_t> x;   // [max_tokens, H]
+  std::vector<int32_t> ids;  // [max_tokens, top_k]
+  std::vector<float> w;      // [max_tokens, top_k]
+  moejit_moe_desc desc() const;
+};
+
+MoeData make_moe(const MoeProblem& p);
+
+struct Reference {
+  std::vector<double> y;          // [tokens, cols]
+  std::vector<double> bound;      // allowed |got - y|
+  std::vector<bool> all_skipped;  // per token: y must be +0.0
+  int64_t flagged = 0;            // g elements with a legitimate bf16 rounding ambiguity
+  int64_t significant = 0;        // ... among those, elements above 1/16 of their route's largest |g|
+  int64_t g_elems = 0;
+};
+
+Reference moe_reference(const MoeData& d);
+
+// ---------------------------------------------------------------- linear
+
+struct LinearProblem {
+  std::string name;
+  moejit_format fmt = MOEJIT_FORMAT_BF16;
+  moejit_dtype sdt = MOEJIT_DTYPE_BF16;
+  int rows = 16, cols = 16, max_tokens = 9;
+  moejit_dtype out = MOEJIT_DTYPE_F32;
+  bool bias = false;
+  int pad = 0;
+  uint64_t seed = 1;
+};
+
+struct LinearData {
+  LinearProblem p;
+  Mat w;
+  std::vector<uint16_t> x;
+  moejit_linear_desc desc() const;
+};
+
+LinearData make_linear(const LinearProblem& p);
+Reference linear_reference(const LinearData& d);
+
+// ---------------------------------------------------------------- checking
+
+// Output element t*cols + c of a y buffer as double.
+double y_at(const std::vector<uint8_t>& y, moejit_dtype dt, size_t i);
+
+// Compares the first `tokens` rows; reports up to a few mismatches with
+// ADD_FAILURE naming `what`. Returns the number of bad elements.
+int64_t check_against(const std::vector<uint8_t>& y, moejit_dtype dt, const Reference& ref, int tokens,
+                      int cols, const std::string& what);
+
+}  // namespace moejit_test

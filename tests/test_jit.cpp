@@ -1,0 +1,294 @@
+// White-box tests of jit/: every generated kernel of every tier this CPU has,
+// called directly, against a float64 reference from formats/; the kernel
+// cache; W^X code memory.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "formats/formats.h"
+#include "jit/cpu.h"
+#include "jit/gemv.h"
+#include "jit/kernel_cache.h"
+
+namespace {
+
+using moejit::formats::Format;
+using moejit::formats::ScaleDtype;
+namespace jit = moejit::jit;
+namespace fmt = moejit::formats;
+
+struct Variant {
+  jit::Isa isa;
+  uint32_t flags;
+  const char* name;
+};
+
+// Every generated code path: tiers, plus the no-VBMI e4m3 decode of avx512_bf16.
+const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
+                             {jit::Isa::avx512, 0, "avx512"},
+                             {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
+                             {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"}};
+
+bool variant_available(const Variant& v, Format f) {
+  if (!jit::isa_available(v.isa)) return false;
+  if (v.isa == jit::Isa::avx512_bf16 && f == Format::fp8_block && !(v.flags & jit::kFlagNoVbmi))
+    return jit::host_features().avx512_vbmi;
+  return true;
+}
+
+// Prepared activations for one kernel: `tokens` vectors of x_stride(k) elements.
+std::vector<uint8_t> prepare_x(const jit::KernelKey& key, const std::vector<float>& x) {
+  const jit::XLayout lay = jit::x_layout(key.isa, key.format, key.flags);
+  const int64_t xs = jit::x_stride(key.k);
+  std::vector<uint8_t> buf(size_t(key.tokens) * size_t(xs) * jit::x_elem_bytes(lay), 0);
+  for (int m = 0; m < key.tokens; ++m)
+    for (int64_t k = 0; k < key.k; ++k) {
+      const float v = x[size_t(m) * size_t(key.k) + size_t(k)];
+      if (lay == jit::XLayout::f32)
+        reinterpret_cast<float*>(buf.data())[m * xs + k] = v;
+      else
+        reinterpret_cast<uint16_t*>(buf.data())[m * xs + jit::x_position(lay, k)] = fmt::f32_to_bf16(v);
+    }
+  return buf;
+}
+
+struct Bank {
+  fmt::Layout layout;
+  std::vector<uint8_t> w;
+  std::vector<uint8_t> scales;
+  fmt::MatrixRef ref() const { return {w.data(), scales.empty() ? nullptr : scales.data(), nullptr, 0}; }
+};
+
+// Random bank with padded, NaN-poisoned scale rows.
+Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, std::mt19937& rng) {
+  Bank b;
+  b.layout.format = f;
+  b.layout.scale_dtype = sdt;
+  b.layout.group = 128;
+  b.layout.rows = rows;
+  b.layout.k = k;
+  const int64_t cols = fmt::scale_cols(f, 128, k);
+  b.layout.scale_stride = cols + 3;
+  b.w.resize(size_t(fmt::row_bytes(f, k) * rows));
+  for (size_t i = 0; i < b.w.size(); ++i) b.w[i] = uint8_t(rng());
+  if (f == Format::bf16)  // finite bf16 values in a sane range
+    for (size_t i = 1; i < b.w.size(); i += 2) b.w[i] = uint8_t((rng() & 0x80) | (0x3A + rng() % 6));
+  if (f == Format::fp8_block) {
+    const int64_t srows = fmt::scale_rows(f, rows);
+    const size_t eb = sdt == ScaleDtype::f32 ? 4 : 2;
+    b.scales.assign(size_t(srows * b.layout.scale_stride) * eb, 0xFF);  // NaN padding
+    for (int64_t r = 0; r < srows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = std::ldexp(1.0f + float(rng() % 64) / 64.0f, -8 + int(rng() % 4));
+        if (sdt == ScaleDtype::f32)
+          reinterpret_cast<float*>(b.scales.data())[r * b.layout.scale_stride + c] = v;
+        else
+          reinterpret_cast<uint16_t*>(b.scales.data())[r * b.layout.scale_stride + c] = fmt::f32_to_bf16(v);
+      }
+  }
+  return b;
+}
+
+// Runs one kernel on rows [0, key.rows) of the bank.
+std::vector<float> run_kernel(const jit::Kernel& kern, const Bank& b, const std::vector<float>& x) {
+  const jit::KernelKey& key = kern.key();
+  std::vector<uint8_t> xp = prepare_x(key, x);
+  std::vector<float> y(size_t(key.rows) * size_t(key.tokens), -12345.0f);
+  jit::GemvArgs a{};
+  a.w = b.w.data();
+  a.scales = b.scales.empty() ? nullptr : b.scales.data();
+  a.x = xp.data();
+  a.y = y.data();
+  a.w_prefetch = b.w.data();
+  kern.fn()(&a);
+  return y;
+}
+
+jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k, int rows, int tokens) {
+  jit::KernelKey key;
+  key.format = int32_t(f);
+  key.k = k;
+  key.rows = rows;
+  key.tokens = tokens;
+  key.scale_dtype = f == Format::fp8_block ? int32_t(sdt) : 0;
+  key.isa = v.isa;
+  key.flags = v.flags;
+  return key;
+}
+
+class GemvKernels : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(GemvKernels, MatchFloat64Reference) {
+  const Variant v = GetParam();
+  std::mt19937 rng(42);
+  int checked = 0;
+  for (Format f : {Format::bf16, Format::fp8_block}) {
+    if (!variant_available(v, f)) continue;
+    for (ScaleDtype sdt : {ScaleDtype::bf16, ScaleDtype::f32}) {
+      if (f == Format::bf16 && sdt == ScaleDtype::f32) continue;
+      for (int k : {1, 5, 17, 31, 33, 63, 64, 65, 127, 128, 129, 200, 384, 1000}) {
+        for (int rows : {1, 3, 8, 13, 16}) {
+          for (int tokens : {1, 2, 3, 5}) {
+            if (tokens > jit::max_tokens_per_call(v.isa, int32_t(f))) continue;
+            const jit::KernelKey key = make_key(v, f, sdt, k, rows, tokens);
+            std::string err;
+            auto kern = jit::global_cache().get(key, &err);
+            ASSERT_TRUE(kern) << key.name() << ": " << err;
+            const Bank b = make_bank(f, sdt, rows, k, rng);
+            std::vector<float> x(size_t(tokens) * size_t(k));
+            for (float& e : x) e = fmt::round_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
+            const std::vector<float> y = run_kernel(*kern, b, x);
+            for (int m = 0; m < tokens; ++m)
+              for (int r = 0; r < rows; ++r) {
+                double ref = 0.0, mag = 0.0;
+                for (int kk = 0; kk < k; ++kk) {
+                  const double p =
+                      fmt::weight(b.layout, b.ref(), r, kk) * double(x[size_t(m) * size_t(k) + size_t(kk)]);
+                  ref += p;
+                  mag += std::fabs(p);
+                }
+                const double got = y[size_t(m) * size_t(rows) + size_t(r)];
+                const double bound = std::ldexp(1.0, -24) * (k + 64) * mag;
+                ASSERT_LE(std::fabs(got - ref), bound)
+                    << key.name() << " token " << m << " row " << r << " got " << got << " want " << ref;
+              }
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "this CPU lacks " << v.name;
+}
+
+// Every e4m3 code through the real kernel: row r holds code r in column c, x is
+// one-hot at c, scale 1: y[r] must be exactly e4m3(r).
+TEST_P(GemvKernels, EveryE4m3Code) {
+  const Variant v = GetParam();
+  if (!variant_available(v, Format::fp8_block)) GTEST_SKIP() << "this CPU lacks " << v.name;
+  for (int k : {64, 100}) {
+    for (int c : {0, 37, k - 1}) {
+      const jit::KernelKey key = make_key(v, Format::fp8_block, ScaleDtype::bf16, k, 128, 1);
+      std::string err;
+      auto kern = jit::global_cache().get(key, &err);
+      ASSERT_TRUE(kern) << err;
+      for (int half = 0; half < 2; ++half) {
+        Bank b;
+        b.layout.format = Format::fp8_block;
+        b.layout.rows = 128;
+        b.layout.k = k;
+        b.layout.scale_stride = 1;
+        b.w.assign(size_t(128 * k), 0);
+        for (int r = 0; r < 128; ++r) b.w[size_t(r * k + c)] = uint8_t(half * 128 + r);
+        b.scales.assign(2, 0);
+        reinterpret_cast<uint16_t*>(b.scales.data())[0] = 0x3F80;  // 1.0
+        std::vector<float> x(size_t(k), 0.0f);
+        x[size_t(c)] = 1.0f;
+        const std::vector<float> y = run_kernel(*kern, b, x);
+        for (int r = 0; r < 128; ++r) {
+          const uint8_t code = uint8_t(half * 128 + r);
+          const float want = fmt::e4m3_to_f32(code);
+          EXPECT_EQ(y[size_t(r)], want) << key.name() << " code 0x" << std::hex << int(code);
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, GemvKernels, ::testing::ValuesIn(kVariants),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(KernelKey, NameHashEquality) {
+  jit::KernelKey a;
+  a.format = int32_t(Format::fp8_block);
+  a.k = 2048;
+  a.rows = 16;
+  a.tokens = 4;
+  a.scale_stride = 16;
+  a.isa = jit::Isa::avx512_bf16;
+  EXPECT_EQ(a.name(), "fp8_block_k2048_r16_m4_s16_bf16_avx512bf16");
+  jit::KernelKey b = a;
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a.hash(), b.hash());
+  b.isa = jit::Isa::avx512;  // the ISA is part of the key
+  EXPECT_NE(a, b);
+  EXPECT_NE(a.hash(), b.hash());
+  b = a;
+  b.scale_dtype = 1;
+  EXPECT_NE(a.name(), b.name());
+}
+
+TEST(KernelCache, SharesAndReleases) {
+  if (!jit::isa_available(jit::Isa::avx2)) GTEST_SKIP() << "this CPU lacks avx2";
+  jit::KernelCache cache;
+  jit::KernelKey key;
+  key.format = int32_t(Format::bf16);
+  key.k = 96;
+  key.rows = 4;
+  key.tokens = 1;
+  key.isa = jit::Isa::avx2;
+  std::string err;
+  auto a = cache.get(key, &err);
+  auto b = cache.get(key, &err);
+  ASSERT_TRUE(a && b) << err;
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_EQ(cache.generated_count(), 1u);
+  a.reset();
+  b.reset();  // last user gone: the code is released and generated again on demand
+  auto c = cache.get(key, &err);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(cache.generated_count(), 2u);
+  // A failed generation is reported and not cached.
+  jit::KernelKey bad = key;
+  bad.tokens = 1000;
+  EXPECT_FALSE(cache.get(bad, &err));
+  EXPECT_FALSE(err.empty());
+  EXPECT_FALSE(cache.get(bad, &err));
+}
+
+TEST(KernelCache, RejectsTiersTheCpuLacks) {
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16}) {
+    jit::KernelKey key;
+    key.format = int32_t(Format::bf16);
+    key.k = 64;
+    key.rows = 1;
+    key.tokens = 1;
+    key.isa = isa;
+    std::string why;
+    EXPECT_EQ(jit::gemv_supported(key, &why), jit::isa_available(isa)) << jit::isa_name(isa) << ": " << why;
+  }
+}
+
+// No mapping of the process is writable and executable after generating every
+// format x tier kernel.
+TEST(CodeMemory, NeverWritableAndExecutable) {
+  std::vector<std::shared_ptr<const jit::Kernel>> keep;
+  for (const Variant& v : kVariants)
+    for (Format f : {Format::bf16, Format::fp8_block}) {
+      if (!variant_available(v, f)) continue;
+      std::string err;
+      auto k = jit::global_cache().get(make_key(v, f, ScaleDtype::bf16, 300, 16, 1), &err);
+      ASSERT_TRUE(k) << err;
+      keep.push_back(k);
+    }
+  ASSERT_FALSE(keep.empty());
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int exec_maps = 0;
+  while (std::getline(maps, line)) {
+    const size_t sp = line.find(' ');
+    const std::string perms = line.substr(sp + 1, 4);
+    if (perms[2] == 'x') ++exec_maps;
+    EXPECT_FALSE(perms[1] == 'w' && perms[2] == 'x') << "writable+executable mapping: " << line;
+  }
+  EXPECT_GT(exec_maps, 0);
+  // Each kernel's code lies in an executable mapping.
+  for (const auto& k : keep) EXPECT_GT(k->code_size(), 0u);
+}
+
+}  // namespace

@@ -1,0 +1,427 @@
+// Numerics of every tier the host has against the float64 reference built from
+// formats/ (numerics_ref.*): MoE layers and dense linear layers, every e4m3 code
+// through the real kernels, poisoned scale padding, bitwise determinism across
+// thread counts, the asynchronous form, and the stats counters.
+//
+// Every tier is forced with moejit_context_desc.max_isa and read back with
+// moejit_context_isa; tiers above the host are skipped with a message.
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "moejit.h"
+#include "numerics_helpers.h"
+#include "numerics_ref.h"
+#include "test_util.h"
+
+using namespace moejit_test;
+
+namespace {
+
+std::string tier_suffix(moejit_isa t) { return moejit_isa_name(t); }
+
+// ------------------------------------------------------------------ problem tables
+
+MoeProblem moe(const char* name, moejit_format fmt, moejit_dtype sdt, int H, int I, int E, int k,
+               moejit_activation act, Fill fill, uint64_t seed) {
+  MoeProblem p;
+  p.name = name;
+  p.fmt = fmt;
+  p.sdt = sdt;
+  p.H = H;
+  p.I = I;
+  p.E = E;
+  p.top_k = k;
+  p.act = act;
+  p.fill = fill;
+  p.seed = seed;
+  return p;
+}
+
+const auto BF16 = MOEJIT_FORMAT_BF16;
+const auto FP8 = MOEJIT_FORMAT_FP8_BLOCK;
+const auto SB = MOEJIT_DTYPE_BF16;
+const auto SF = MOEJIT_DTYPE_F32;
+
+std::vector<MoeProblem> moe_problems() {
+  std::vector<MoeProblem> v;
+  MoeProblem p;
+  // Exact-arithmetic pass 1: tight bounds.
+  p = moe("bf16_silu_H200_I72_E9_k2", BF16, SB, 200, 72, 9, 2, MOEJIT_ACT_SILU, Fill::exact, 1);
+  v.push_back(p);
+  p = moe("fp8bf16_gelu_H200_I72_E12_k4_il_bias_f32out_pad3", FP8, SB, 200, 72, 12, 4, MOEJIT_ACT_GELU,
+          Fill::exact, 2);
+  p.interleaved = 1, p.bias = true, p.out = MOEJIT_DTYPE_F32, p.pad = 3;
+  v.push_back(p);
+  p = moe("fp8f32_gelutanh_H128_I256_E16_k8_bias_pad1", FP8, SF, 128, 256, 16, 8, MOEJIT_ACT_GELU_TANH,
+          Fill::exact, 3);
+  p.bias = true, p.pad = 1;
+  v.push_back(p);
+  p = moe("bf16_swigluoai_H128_I256_E10_k3_il_bias_L0.75_f32out", BF16, SB, 128, 256, 10, 3,
+          MOEJIT_ACT_SWIGLU_OAI, Fill::exact, 4);
+  p.interleaved = 1, p.bias = true, p.limit = 0.75f, p.out = MOEJIT_DTYPE_F32;
+  v.push_back(p);
+  p = moe("fp8bf16_swigluclamp_H328_I136_E11_k5_a1.25_Linf_rwoi_pad2", FP8, SB, 328, 136, 11, 5,
+          MOEJIT_ACT_SWIGLU_CLAMP, Fill::exact, 5);
+  p.alpha = 1.25f, p.limit = INFINITY, p.rwoi = 1, p.pad = 2;
+  v.push_back(p);
+  p = moe("bf16_silu_H72_I200_E9_k8_rwoi_bias_f32out", BF16, SB, 72, 200, 9, 8, MOEJIT_ACT_SILU, Fill::exact,
+          6);
+  p.rwoi = 1, p.bias = true, p.out = MOEJIT_DTYPE_F32;
+  v.push_back(p);
+  p = moe("fp8f32_swigluoai_H256_I128_E13_k6_il_bias_a1.5_L1_pad4", FP8, SF, 256, 128, 13, 6,
+          MOEJIT_ACT_SWIGLU_OAI, Fill::exact, 7);
+  p.interleaved = 1, p.bias = true, p.alpha = 1.5f, p.limit = 1.0f, p.pad = 4;
+  v.push_back(p);
+  p = moe("bf16_gelutanh_H64_I64_E8_k1", BF16, SB, 64, 64, 8, 1, MOEJIT_ACT_GELU_TANH, Fill::exact, 8);
+  v.push_back(p);
+  p = moe("bf16_gelu_H3_I5_E2_k2_bias", BF16, SB, 3, 5, 2, 2, MOEJIT_ACT_GELU, Fill::exact, 9);
+  p.bias = true;
+  v.push_back(p);
+  p = moe("fp8bf16_silu_H5_I3_E3_k3_f32out", FP8, SB, 5, 3, 3, 3, MOEJIT_ACT_SILU, Fill::exact, 10);
+  p.out = MOEJIT_DTYPE_F32;
+  v.push_back(p);
+  p = moe("fp8f32_silu_H130_I129_E9_k2_il_rwoi_bf16out", FP8, SF, 130, 129, 9, 2, MOEJIT_ACT_SILU,
+          Fill::exact, 11);
+  p.interleaved = 1, p.rwoi = 1;
+  v.push_back(p);
+  p = moe("fp8bf16_silu_H2048_I768_E4_k2_bias", FP8, SB, 2048, 768, 4, 2, MOEJIT_ACT_SILU, Fill::exact, 12);
+  p.bias = true, p.max_tokens = 3;
+  v.push_back(p);
+  // Many tokens per expert (grouped / multi-token kernels).
+  p = moe("bf16_silu_H96_I64_E4_k2_T33", BF16, SB, 96, 64, 4, 2, MOEJIT_ACT_SILU, Fill::exact, 13);
+  p.max_tokens = 33;
+  v.push_back(p);
+  p = moe("fp8f32_gelu_H136_I200_E3_k3_T20_bias_f32out", FP8, SF, 136, 200, 3, 3, MOEJIT_ACT_GELU,
+          Fill::exact, 14);
+  p.max_tokens = 20, p.bias = true, p.out = MOEJIT_DTYPE_F32;
+  v.push_back(p);
+  // Full-range random data: pass-1 rounding is propagated into the g bound
+  // (looser, still a proof, see numerics_ref.cpp).
+  p = moe("random_bf16_silu_H200_I72_E9_k4", BF16, SB, 200, 72, 9, 4, MOEJIT_ACT_SILU, Fill::random, 21);
+  v.push_back(p);
+  p = moe("random_fp8bf16_gelu_H256_I128_E8_k4_il_bias_f32out_pad2", FP8, SB, 256, 128, 8, 4, MOEJIT_ACT_GELU,
+          Fill::random, 22);
+  p.interleaved = 1, p.bias = true, p.out = MOEJIT_DTYPE_F32, p.pad = 2;
+  v.push_back(p);
+  p = moe("random_fp8f32_swigluoai_H384_I200_E10_k3_L7_rwoi_bias_pad1", FP8, SF, 384, 200, 10, 3,
+          MOEJIT_ACT_SWIGLU_OAI, Fill::random, 23);
+  p.limit = 7.0f, p.rwoi = 1, p.bias = true, p.pad = 1;
+  v.push_back(p);
+  p = moe("random_fp8bf16_gelutanh_H129_I129_E5_k2", FP8, SB, 129, 129, 5, 2, MOEJIT_ACT_GELU_TANH,
+          Fill::random, 24);
+  v.push_back(p);
+  p = moe("random_bf16_swigluclamp_H96_I160_E6_k6_il_L2_f32out", BF16, SB, 96, 160, 6, 6,
+          MOEJIT_ACT_SWIGLU_CLAMP, Fill::random, 25);
+  p.interleaved = 1, p.limit = 2.0f, p.out = MOEJIT_DTYPE_F32;
+  v.push_back(p);
+  return v;
+}
+
+LinearProblem lin(const char* name, moejit_format fmt, moejit_dtype sdt, int rows, int cols, moejit_dtype out,
+                  bool bias, int pad, uint64_t seed) {
+  LinearProblem p;
+  p.name = name;
+  p.fmt = fmt;
+  p.sdt = sdt;
+  p.rows = rows;
+  p.cols = cols;
+  p.out = out;
+  p.bias = bias;
+  p.pad = pad;
+  p.seed = seed;
+  return p;
+}
+
+std::vector<LinearProblem> linear_problems() {
+  const auto OB = MOEJIT_DTYPE_BF16, OF = MOEJIT_DTYPE_F32;
+  return {
+      lin("bf16_r1_c1", BF16, SB, 1, 1, OF, false, 0, 31),
+      lin("bf16_r7_c72_bias_bf16out", BF16, SB, 7, 72, OB, true, 0, 32),
+      lin("bf16_r130_c200", BF16, SB, 130, 200, OF, false, 0, 33),
+      lin("bf16_r1000_c512_bias", BF16, SB, 1000, 512, OF, true, 0, 34),
+      lin("bf16_r33_c2048_bf16out", BF16, SB, 33, 2048, OB, false, 0, 35),
+      lin("fp8bf16_r300_c333_bias_pad3", FP8, SB, 300, 333, OF, true, 3, 36),
+      lin("fp8f32_r129_c128_bf16out_pad1", FP8, SF, 129, 128, OB, false, 1, 37),
+      lin("fp8bf16_r64_c2048", FP8, SB, 64, 2048, OF, false, 0, 38),
+      lin("fp8f32_r257_c1_bias_bf16out", FP8, SF, 257, 1, OB, true, 0, 39),
+      lin("fp8bf16_r128_c127_pad5", FP8, SB, 128, 127, OF, false, 5, 40),
+      lin("fp8f32_r3_c64_bias", FP8, SF, 3, 64, OF, true, 0, 41),
+      lin("fp8bf16_r520_c700_bias_bf16out_pad2", FP8, SB, 520, 700, OB, true, 2, 42),
+  };
+}
+
+std::string sanitize(std::string s) {
+  for (char& c : s)
+    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ MoE vs reference
+
+class MoeNumerics : public ::testing::TestWithParam<std::tuple<moejit_isa, int>> {};
+
+TEST_P(MoeNumerics, MatchesReference) {
+  const moejit_isa tier = std::get<0>(GetParam());
+  if (tier > moejit_host_isa())
+    GTEST_SKIP() << "tier " << moejit_isa_name(tier) << " is above this host's "
+                 << moejit_isa_name(moejit_host_isa());
+  const MoeProblem p = moe_problems()[size_t(std::get<1>(GetParam()))];
+  const MoeData d = make_moe(p);
+  const Reference ref = moe_reference(d);
+  // The exact cases must leave only rare rounding ambiguities on elements that
+  // matter, or the tight test would be testing nothing.
+  if (p.fill == Fill::exact) {
+    EXPECT_LE(ref.significant * 100, ref.g_elems) << "too many ambiguous g elements";
+  }
+  CtxPtr ctx = make_ctx(tier, 2);
+  ASSERT_TRUE(ctx);
+  MoePtr m = make_moe_obj(ctx.get(), d);
+  ASSERT_TRUE(m);
+  for (int T = 1; T <= p.max_tokens; ++T) {
+    const std::vector<uint8_t> y = moe_call(m.get(), d, T);
+    const std::string what = p.name + " tier " + moejit_isa_name(tier) + " num_tokens " + std::to_string(T);
+    if (check_against(y, p.out, ref, T, p.H, what) > 0) break;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, MoeNumerics,
+                         ::testing::Combine(::testing::ValuesIn(kTiers),
+                                            ::testing::Range(0, int(moe_problems().size()))),
+                         [](const auto& info) {
+                           return tier_suffix(std::get<0>(info.param)) + "_" +
+                                  sanitize(moe_problems()[size_t(std::get<1>(info.param))].name);
+                         });
+
+// ------------------------------------------------------------------ linear vs reference
+
+class LinearNumerics : public ::testing::TestWithParam<std::tuple<moejit_isa, int>> {};
+
+TEST_P(LinearNumerics, MatchesReference) {
+  const moejit_isa tier = std::get<0>(GetParam());
+  if (tier > moejit_host_isa())
+    GTEST_SKIP() << "tier " << moejit_isa_name(tier) << " is above this host's "
+                 << moejit_isa_name(moejit_host_isa());
+  const LinearProblem p = linear_problems()[size_t(std::get<1>(GetParam()))];
+  const LinearData d = make_linear(p);
+  const Reference ref = linear_reference(d);
+  CtxPtr ctx = make_ctx(tier, 2);
+  ASSERT_TRUE(ctx);
+  LinearPtr l = make_linear_obj(ctx.get(), d.desc(), p.name);
+  ASSERT_TRUE(l);
+  for (int T = 1; T <= p.max_tokens; ++T) {
+    const std::vector<uint8_t> y = linear_call(l.get(), d, T);
+    const std::string what = p.name + " tier " + moejit_isa_name(tier) + " num_tokens " + std::to_string(T);
+    if (check_against(y, p.out, ref, T, p.rows, what) > 0) break;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, LinearNumerics,
+                         ::testing::Combine(::testing::ValuesIn(kTiers),
+                                            ::testing::Range(0, int(linear_problems().size()))),
+                         [](const auto& info) {
+                           return tier_suffix(std::get<0>(info.param)) + "_" +
+                                  sanitize(linear_problems()[size_t(std::get<1>(info.param))].name);
+                         });
+
+// ------------------------------------------------------------------ per-tier properties
+
+class TierTest : public ::testing::TestWithParam<moejit_isa> {
+ protected:
+  void SetUp() override {
+    clear_isa_env();
+    tier_ = GetParam();
+    if (tier_ > moejit_host_isa())
+      GTEST_SKIP() << "tier " << moejit_isa_name(tier_) << " is above this host's "
+                   << moejit_isa_name(moejit_host_isa());
+  }
+  moejit_isa tier_ = MOEJIT_ISA_AUTO;
+};
+
+INSTANTIATE_TEST_SUITE_P(Tiers, TierTest, ::testing::ValuesIn(kTiers),
+                         [](const auto& info) { return tier_suffix(info.param); });
+
+// Every e4m3 code through the tier's real kernel: row r of an fp8_block linear
+// layer holds code (r + 17 k) & 255 in column k, and token t is one-hot at
+// column c_t, so y[t][r] = e4m3((r + 17 c_t) & 255) * x * scale exactly, and
+// every token sees all 256 codes (subnormals, +-0, +-448, +-480).
+TEST_P(TierTest, EveryE4m3CodeThroughTheKernel) {
+  const int rows = 256, cols = 200, T = 5;
+  const int hot[T] = {0, 127, 128, 199, 77};
+  const float xval[T] = {1.0f, 0.25f, 2.0f, 1.0f, 0.5f};
+  for (moejit_dtype sdt : {SB, SF})
+    for (moejit_dtype out : {MOEJIT_DTYPE_F32, MOEJIT_DTYPE_BF16}) {
+      const std::string what = std::string("e4m3 codes, scales ") + (sdt == SF ? "f32" : "bf16") + ", out " +
+                               (out == SF ? "f32" : "bf16") + ", tier " + moejit_isa_name(tier_);
+      SCOPED_TRACE(what);
+      Rng rng(77);
+      Mat w = make_mat(FP8, sdt, rows, cols, 3, Fill::exact, false, rng);  // NaN-poisoned padding
+      for (int r = 0; r < rows; ++r)
+        for (int k = 0; k < cols; ++k) w.data[size_t(r * cols + k)] = uint8_t((r + 17 * k) & 255);
+      const float scale[2][2] = {{0.5f, 0.25f}, {2.0f, 1.0f}};
+      for (int sr = 0; sr < 2; ++sr)
+        for (int sc = 0; sc < 2; ++sc) w.set_scale(sr, sc, scale[sr][sc]);
+      std::vector<uint16_t> x(size_t(T * cols), 0);
+      for (int t = 0; t < T; ++t) x[size_t(t * cols + hot[t])] = fm::f32_to_bf16(xval[t]);
+      moejit_linear_desc desc;
+      std::memset(&desc, 0, sizeof(desc));
+      desc.struct_size = sizeof(desc);
+      desc.format = FP8;
+      desc.scale_dtype = sdt;
+      desc.rows = rows;
+      desc.cols = cols;
+      desc.max_tokens = T;
+      desc.weight = w.api();
+      desc.output_dtype = out;
+      CtxPtr ctx = make_ctx(tier_, 2);
+      ASSERT_TRUE(ctx);
+      LinearPtr l = make_linear_obj(ctx.get(), desc, "e4m3");
+      ASSERT_TRUE(l);
+      Sentinel y(size_t(T * rows) * dsize(out));
+      ASSERT_EQ(moejit_linear_forward(l.get(), T, x.data(), y.data()), MOEJIT_OK) << last_error();
+      int bad = 0;
+      for (int t = 0; t < T; ++t)
+        for (int r = 0; r < rows; ++r) {
+          const uint8_t code = uint8_t((r + 17 * hot[t]) & 255);
+          const double want = double(fm::e4m3_to_f32(code)) * xval[t] * scale[r / 128][hot[t] / 128];
+          const double got = y_at(y.bytes, out, size_t(t * rows + r));
+          if (got != want && bad++ < 8) {
+            ADD_FAILURE() << "token " << t << " row " << r << " code 0x" << std::hex << int(code) << std::dec
+                          << ": got " << got << " want " << want;
+          }
+          if (code == 0x7F) {
+            EXPECT_EQ(got, 480.0 * xval[t] * scale[r / 128][hot[t] / 128]);
+          }
+          if (code == 0xFF) {
+            EXPECT_EQ(got, -480.0 * xval[t] * scale[r / 128][hot[t] / 128]);
+          }
+        }
+      EXPECT_EQ(bad, 0) << bad << " codes wrong";
+    }
+}
+
+// Padding of padded scale rows is NaN in every problem with pad > 0 above; this
+// one also makes every weight touch the padding's neighbours (K = 128 * n, so
+// the last real scale column is directly followed by poison).
+TEST_P(TierTest, PaddedScaleStridesNeverReadPoison) {
+  for (moejit_dtype sdt : {SB, SF}) {
+    LinearProblem p = lin("pad_poison", FP8, sdt, 256, 384, MOEJIT_DTYPE_F32, true, 1, 51);
+    p.max_tokens = 4;
+    const LinearData d = make_linear(p);
+    const Reference ref = linear_reference(d);
+    CtxPtr ctx = make_ctx(tier_, 2);
+    ASSERT_TRUE(ctx);
+    LinearPtr l = make_linear_obj(ctx.get(), d.desc(), p.name);
+    ASSERT_TRUE(l);
+    const std::vector<uint8_t> y = linear_call(l.get(), d, 4);
+    for (size_t i = 0; i < size_t(4 * p.rows); ++i)
+      ASSERT_FALSE(std::isnan(y_at(y, p.out, i))) << "NaN at " << i;
+    check_against(y, p.out, ref, 4, p.rows,
+                  std::string("padded stride, scales ") + (sdt == SF ? "f32" : "bf16") + " tier " +
+                      moejit_isa_name(tier_));
+    // The same poison under a MoE layer.
+    MoeProblem mp = moe("pad_poison_moe", FP8, sdt, 256, 256, 4, 2, MOEJIT_ACT_SILU, Fill::random, 52);
+    mp.pad = 2;
+    mp.max_tokens = 4;
+    const MoeData md = make_moe(mp);
+    const Reference mref = moe_reference(md);
+    MoePtr m = make_moe_obj(ctx.get(), md);
+    ASSERT_TRUE(m);
+    const std::vector<uint8_t> my = moe_call(m.get(), md, 4);
+    for (size_t i = 0; i < size_t(4 * mp.H); ++i)
+      ASSERT_FALSE(std::isnan(y_at(my, mp.out, i))) << "NaN at " << i;
+    check_against(my, mp.out, mref, 4, mp.H, std::string("moe padded stride tier ") + moejit_isa_name(tier_));
+  }
+}
+
+// Bit-identical results for 1, 2 and 3 threads, with dedup off, and with
+// explicit cpu_ids.
+TEST_P(TierTest, DeterministicAcrossThreadCounts) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  sched_getaffinity(0, sizeof(set), &set);
+  std::vector<int32_t> cpus;
+  for (int i = 0; i < CPU_SETSIZE; ++i)
+    if (CPU_ISSET(i, &set)) cpus.push_back(i);
+  const std::vector<int32_t> pinned = {cpus.back(), cpus.front(), cpus.back()};
+
+  struct Variant {
+    const char* name;
+    int threads;
+    uint32_t flags;
+    const std::vector<int32_t>* cpus;
+  };
+  const Variant variants[] = {{"1 thread", 1, 0, nullptr},
+                              {"2 threads", 2, 0, nullptr},
+                              {"3 threads", 3, 0, nullptr},
+                              {"2 threads NO_DEDUP", 2, MOEJIT_CONTEXT_NO_DEDUP, nullptr},
+                              {"3 threads pinned", 0, 0, &pinned}};
+
+  for (moejit_format fmt : {FP8, BF16}) {
+    MoeProblem p = moe("determinism", fmt, SB, 640, 384, 8, 4, MOEJIT_ACT_SILU, Fill::random, 61);
+    p.max_tokens = 8;
+    p.bias = true;
+    p.out = MOEJIT_DTYPE_F32;
+    const MoeData d = make_moe(p);
+    std::vector<uint8_t> first;
+    for (const Variant& v : variants) {
+      CtxPtr ctx = make_ctx(tier_, v.threads, v.flags, v.cpus);
+      ASSERT_TRUE(ctx);
+      MoePtr m = make_moe_obj(ctx.get(), d);
+      ASSERT_TRUE(m);
+      for (int T : {8, 3}) {
+        const std::vector<uint8_t> y = moe_call(m.get(), d, T);
+        if (T == 8 && first.empty()) {
+          first = y;
+          check_against(
+              y, p.out, moe_reference(d), T, p.H,
+              std::string("determinism moe ") + moejit_format_name(fmt) + " tier " + moejit_isa_name(tier_));
+        }
+        ASSERT_EQ(0, std::memcmp(y.data(), first.data(), y.size()))
+            << "moe " << moejit_format_name(fmt) << " tokens " << T << ": " << v.name
+            << " differs from 1 thread, tier " << moejit_isa_name(tier_);
+      }
+    }
+  }
+  for (moejit_format fmt : {FP8, BF16}) {
+    LinearProblem p = lin("determinism_linear", fmt, SF, 1000, 900, MOEJIT_DTYPE_F32, true, 0, 62);
+    p.max_tokens = 5;
+    const LinearData d = make_linear(p);
+    std::vector<uint8_t> first;
+    for (const Variant& v : variants) {
+      CtxPtr ctx = make_ctx(tier_, v.threads, v.flags, v.cpus);
+      ASSERT_TRUE(ctx);
+      LinearPtr l = make_linear_obj(ctx.get(), d.desc(), p.name);
+      ASSERT_TRUE(l);
+      const std::vector<uint8_t> y = linear_call(l.get(), d, 5);
+      if (first.empty()) first = y;
+      ASSERT_EQ(0, std::memcmp(y.data(), first.data(), y.size()))
+          << "linear " << moejit_format_name(fmt) << ": " << v.name << " differs from 1 thread, tier "
+          << moejit_isa_name(tier_);
+    }
+  }
+}
+
+// submit + wait gives the bits of forward, for each tier.
+TEST_P(TierTest, SubmitMatchesForward) {
+  MoeProblem p = moe("submit", FP8, SF, 256, 200, 6, 3, MOEJIT_ACT_GELU, Fill::random, 71);
+  p.max_tokens = 5;
+  const MoeData d = make_moe(p);
+  CtxPtr ctx = make_ctx(tier_, 2);
+  ASSERT_TRUE(ctx);
+  MoePtr m = make_moe_obj(ctx.get(), d);
+  ASSERT_TRUE(m);
+  for (int T : {1, 5}) {
+    const std::vector<uint8_t> a = moe_call(m.get(), d, T);
+    const std::vector<uint8_t> b = moe_call(m.get(), d, T, true, ctx.get());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size())) << "tokens " << T;
+  }
+}

@@ -1,0 +1,289 @@
+// Two properties the float64 bounds cannot see, per tier:
+//  - the canonical summation order of pass 2 (ascending expert id, ties by route
+//    index, from +0.0, one rounding at the end), checked bit for bit with route
+//    contributions that are exact in fp32 whatever the kernel does;
+//  - no read or write outside the caller's buffers: every weight, scale, bias,
+//    x, ids, weights and y buffer ends (or starts) at a PROT_NONE page.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "moejit.h"
+#include "numerics_helpers.h"
+#include "numerics_ref.h"
+#include "test_util.h"
+
+using namespace moejit_test;
+
+namespace {
+
+class EdgeTier : public ::testing::TestWithParam<moejit_isa> {
+ protected:
+  void SetUp() override {
+    clear_isa_env();
+    tier_ = GetParam();
+    if (tier_ > moejit_host_isa()) {
+      GTEST_SKIP() << "tier " << moejit_isa_name(tier_) << " is above this host's "
+                   << moejit_isa_name(moejit_host_isa());
+    }
+  }
+  moejit_isa tier_ = MOEJIT_ISA_AUTO;
+};
+
+INSTANTIATE_TEST_SUITE_P(Tiers, EdgeTier,
+                         ::testing::Values(MOEJIT_ISA_SCALAR, MOEJIT_ISA_AVX2, MOEJIT_ISA_AVX512,
+                                           MOEJIT_ISA_AVX512_BF16),
+                         [](const auto& info) { return std::string(moejit_isa_name(info.param)); });
+
+uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+}  // namespace
+
+// Down weights are all zero, so each route contributes exactly w * bias_down[h]
+// (a bf16 value times a power of two: exact in fp32). Large contributions of
+// both signs around small ones make the fp32 sum depend on the order.
+TEST_P(EdgeTier, CanonicalSummationOrderBitExact) {
+  // Mostly +-2^24 and +-2^23 with small values in between: the sum depends on the order.
+  const float biases[] = {16777216.0f, -16777216.0f, 8388608.0f, -8388608.0f, 1.0f,
+                          3.0f,        -1.0f,        0.5f,       0.0f,        -3.0f};
+  const float weights[] = {1.0f, 0.5f, 2.0f, 1.0f, 0.25f, 1.0f, 4.0f};
+  for (moejit_format fmt : {MOEJIT_FORMAT_BF16, MOEJIT_FORMAT_FP8_BLOCK})
+    for (int rwoi : {0, 1})
+      for (moejit_dtype out : {MOEJIT_DTYPE_F32, MOEJIT_DTYPE_BF16}) {
+        MoeProblem p;
+        p.name = std::string("canonical_order_") + moejit_format_name(fmt) + (rwoi ? "_rwoi" : "") +
+                 (out == MOEJIT_DTYPE_F32 ? "_f32out" : "_bf16out");
+        p.fmt = fmt;
+        p.H = 40;
+        p.I = 8;
+        p.E = 6;
+        p.top_k = 6;
+        p.max_tokens = 9;
+        p.bias = true;
+        p.rwoi = rwoi;
+        p.out = out;
+        p.seed = 101 + uint64_t(rwoi);
+        MoeData d = make_moe(p);
+        Rng rng(202);
+        for (int e = 0; e < p.E; ++e) {
+          Mat& dn = d.dn[size_t(e)];
+          std::fill(dn.data.begin(), dn.data.end(), 0);  // bf16 +0 / e4m3 code 0
+          for (int h = 0; h < p.H; ++h) dn.bias[size_t(h)] = fm::f32_to_bf16(biases[rng.uniform(0, 9)]);
+        }
+        for (size_t i = 0; i < d.w.size(); ++i) d.w[i] = weights[rng.uniform(0, 6)];
+        for (int t = 0; t < p.max_tokens; ++t)  // dense duplicates, random order
+          for (int j = 0; j < p.top_k; ++j)
+            if (t != 2 && rng.chance(0.5)) d.ids[size_t(t * p.top_k + j)] = rng.uniform(0, 2);
+
+        // Expected bits: the contract's order, and two wrong orders that must differ somewhere.
+        std::vector<float> want(size_t(p.max_tokens * p.H)), by_route(want.size()), descending(want.size());
+        for (int t = 0; t < p.max_tokens; ++t) {
+          std::vector<std::pair<int, int>> r;
+          for (int j = 0; j < p.top_k; ++j)
+            if (d.ids[size_t(t * p.top_k + j)] >= 0) r.push_back({d.ids[size_t(t * p.top_k + j)], j});
+          std::vector<std::pair<int, int>> canon = r;
+          std::sort(canon.begin(), canon.end());
+          std::vector<std::pair<int, int>> desc = canon;
+          std::reverse(desc.begin(), desc.end());
+          for (int h = 0; h < p.H; ++h) {
+            auto sum = [&](const std::vector<std::pair<int, int>>& order) {
+              float acc = 0.0f;
+              for (auto [e, j] : order) {
+                const float b = fm::bf16_to_f32(d.dn[size_t(e)].bias[size_t(h)]);
+                acc += rwoi ? b : d.w[size_t(t * p.top_k + j)] * b;
+              }
+              return acc;
+            };
+            want[size_t(t * p.H + h)] = sum(canon);
+            by_route[size_t(t * p.H + h)] = sum(r);
+            descending[size_t(t * p.H + h)] = sum(desc);
+          }
+        }
+        auto store = [&](float v) {
+          return out == MOEJIT_DTYPE_F32 ? f32_bits(v) : uint32_t(fm::f32_to_bf16(v));
+        };
+        int differs_route = 0, differs_desc = 0;
+        for (size_t i = 0; i < want.size(); ++i) {
+          differs_route += store(want[i]) != store(by_route[i]);
+          differs_desc += store(want[i]) != store(descending[i]);
+        }
+        ASSERT_GT(differs_route, 0) << "test data does not distinguish route order";
+        ASSERT_GT(differs_desc, 0) << "test data does not distinguish descending order";
+
+        CtxPtr ctx = make_ctx(tier_, 2);
+        ASSERT_TRUE(ctx);
+        MoePtr m = make_moe_obj(ctx.get(), d);
+        ASSERT_TRUE(m);
+        for (int T : {9, 4}) {
+          const std::vector<uint8_t> y = moe_call(m.get(), d, T);
+          int bad = 0;
+          for (int t = 0; t < T; ++t)
+            for (int h = 0; h < p.H; ++h) {
+              const size_t i = size_t(t * p.H + h);
+              uint32_t got;
+              if (out == MOEJIT_DTYPE_F32) {
+                std::memcpy(&got, &y[i * 4], 4);
+              } else {
+                uint16_t g16;
+                std::memcpy(&g16, &y[i * 2], 2);
+                got = g16;
+              }
+              if (got != store(want[i]) && bad++ < 6) {
+                ADD_FAILURE() << p.name << " tier " << moejit_isa_name(tier_) << " num_tokens " << T
+                              << " token " << t << " index " << h << ": got bits 0x" << std::hex << got
+                              << ", canonical order 0x" << store(want[i]) << ", route order 0x"
+                              << store(by_route[i]) << ", descending 0x" << store(descending[i]);
+              }
+            }
+          EXPECT_EQ(bad, 0) << p.name << ": " << bad << " elements not summed in canonical order";
+        }
+      }
+}
+
+// ------------------------------------------------------------------ guard pages
+
+namespace {
+
+// `bytes` of read-write memory touching a PROT_NONE page on the chosen side
+// (and one on the other side a page away).
+class Guarded {
+ public:
+  Guarded(size_t bytes, bool guard_after) {
+    page_ = size_t(sysconf(_SC_PAGESIZE));
+    const size_t pages = std::max<size_t>(1, (bytes + page_ - 1) / page_);
+    total_ = (pages + 2) * page_;
+    void* p = mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;
+    base_ = static_cast<uint8_t*>(p);
+    mprotect(base_, page_, PROT_NONE);
+    mprotect(base_ + (pages + 1) * page_, page_, PROT_NONE);
+    ptr_ = guard_after ? base_ + (pages + 1) * page_ - bytes : base_ + page_;
+  }
+  ~Guarded() {
+    if (base_) munmap(base_, total_);
+  }
+  Guarded(const Guarded&) = delete;
+  Guarded& operator=(const Guarded&) = delete;
+  uint8_t* data() const { return ptr_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  uint8_t* ptr_ = nullptr;
+  size_t page_ = 0, total_ = 0;
+};
+
+struct GuardedCopies {
+  std::vector<std::unique_ptr<Guarded>> bufs;
+  bool after;
+  template <class T>
+  T* copy(const std::vector<T>& v) {
+    if (v.empty()) return nullptr;
+    bufs.push_back(std::make_unique<Guarded>(v.size() * sizeof(T), after));
+    std::memcpy(bufs.back()->data(), v.data(), v.size() * sizeof(T));
+    return reinterpret_cast<T*>(bufs.back()->data());
+  }
+  uint8_t* blank(size_t bytes) {
+    bufs.push_back(std::make_unique<Guarded>(bytes, after));
+    std::memset(bufs.back()->data(), 0xA5, bytes);
+    return bufs.back()->data();
+  }
+  moejit_matrix matrix(const Mat& m) {
+    moejit_matrix r = m.api();
+    r.data = copy(m.data);
+    r.scales = m.scales.empty() ? nullptr : copy(m.scales);
+    r.bias = m.bias.empty() ? nullptr : copy(m.bias);
+    return r;
+  }
+};
+
+}  // namespace
+
+TEST_P(EdgeTier, NoAccessOutsideLinearBuffers) {
+  for (bool after : {true, false})
+    for (moejit_format fmt : {MOEJIT_FORMAT_BF16, MOEJIT_FORMAT_FP8_BLOCK})
+      for (moejit_dtype sdt : {MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_F32})
+        for (int rows : {1, 3, 130})
+          for (int cols : {1, 7, 33, 200, 333}) {
+            if (fmt == MOEJIT_FORMAT_BF16 && sdt == MOEJIT_DTYPE_F32) continue;
+            LinearProblem p;
+            p.name = std::string("guarded_") + moejit_format_name(fmt) + (sdt ? "_f32s" : "") + "_r" +
+                     std::to_string(rows) + "_c" + std::to_string(cols) +
+                     (after ? "_guard_after" : "_guard_before");
+            p.fmt = fmt;
+            p.sdt = sdt;
+            p.rows = rows;
+            p.cols = cols;
+            p.max_tokens = 3;
+            p.bias = true;
+            p.out = rows == 3 ? MOEJIT_DTYPE_BF16 : MOEJIT_DTYPE_F32;
+            p.seed = uint64_t(rows * 1000 + cols);
+            const LinearData d = make_linear(p);
+            GuardedCopies g{{}, after};
+            moejit_linear_desc desc = d.desc();
+            desc.weight = g.matrix(d.w);
+            const uint16_t* x = g.copy(d.x);
+            const size_t ybytes = size_t(p.max_tokens * rows) * dsize(p.out);
+            uint8_t* y = g.blank(ybytes);
+            CtxPtr ctx = make_ctx(tier_, 2);
+            ASSERT_TRUE(ctx);
+            LinearPtr l = make_linear_obj(ctx.get(), desc, p.name);
+            ASSERT_TRUE(l);
+            ASSERT_EQ(moejit_linear_forward(l.get(), p.max_tokens, x, y), MOEJIT_OK) << last_error();
+            check_against(std::vector<uint8_t>(y, y + ybytes), p.out, linear_reference(d), p.max_tokens, rows,
+                          p.name + " tier " + moejit_isa_name(tier_));
+          }
+}
+
+TEST_P(EdgeTier, NoAccessOutsideMoeBuffers) {
+  for (bool after : {true, false})
+    for (moejit_format fmt : {MOEJIT_FORMAT_BF16, MOEJIT_FORMAT_FP8_BLOCK})
+      for (int H : {1, 33, 130})
+        for (int I : {7, 129}) {
+          MoeProblem p;
+          p.name = std::string("guarded_moe_") + moejit_format_name(fmt) + "_H" + std::to_string(H) + "_I" +
+                   std::to_string(I) + (after ? "_guard_after" : "_guard_before");
+          p.fmt = fmt;
+          p.sdt = H == 33 ? MOEJIT_DTYPE_F32 : MOEJIT_DTYPE_BF16;
+          p.H = H;
+          p.I = I;
+          p.E = 3;
+          p.top_k = 2;
+          p.max_tokens = 3;
+          p.bias = true;
+          p.interleaved = I == 7;
+          p.fill = Fill::random;
+          p.seed = uint64_t(H * 10 + I);
+          const MoeData d = make_moe(p);
+          GuardedCopies g{{}, after};
+          std::vector<moejit_matrix> gu, dn;
+          for (int e = 0; e < p.E; ++e) {
+            gu.push_back(g.matrix(d.gu[size_t(e)]));
+            dn.push_back(g.matrix(d.dn[size_t(e)]));
+          }
+          moejit_moe_desc desc = d.desc();
+          desc.gate_up = g.copy(gu);
+          desc.down = g.copy(dn);
+          const uint16_t* x = g.copy(d.x);
+          const int32_t* ids = g.copy(d.ids);
+          const float* w = g.copy(d.w);
+          const size_t ybytes = size_t(p.max_tokens * H) * dsize(p.out);
+          uint8_t* y = g.blank(ybytes);
+          CtxPtr ctx = make_ctx(tier_, 2);
+          ASSERT_TRUE(ctx);
+          moejit_moe* m = nullptr;
+          ASSERT_EQ(moejit_moe_create(ctx.get(), &desc, &m), MOEJIT_OK) << p.name << ": " << last_error();
+          MoePtr owner(m);
+          ASSERT_EQ(moejit_moe_forward(m, p.max_tokens, x, ids, w, y), MOEJIT_OK) << last_error();
+          check_against(std::vector<uint8_t>(y, y + ybytes), p.out, moe_reference(d), p.max_tokens, H,
+                        p.name + " tier " + moejit_isa_name(tier_));
+        }
+}
