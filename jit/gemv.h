@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "jit/kernel_key.h"
 
@@ -65,11 +67,14 @@ class Kernel {
   GemvFn fn() const { return fn_; }
   const uint8_t* code() const { return reinterpret_cast<const uint8_t*>(fn_); }
   size_t code_size() const { return size_; }
+  // Named regions of the code (prologue, decode, fma, block-scale, tail, epilogue, data).
+  const std::vector<std::pair<size_t, std::string>>& phases() const { return phases_; }
 
  protected:
   KernelKey key_{};
   GemvFn fn_ = nullptr;
   size_t size_ = 0;
+  std::vector<std::pair<size_t, std::string>> phases_;
 };
 
 // Checks that this build can generate `key` (format, ISA, sizes); sets *why if not.

@@ -102,6 +102,7 @@ class GemvGenerator : public Generator {
   Xmm tot(int m) const { return scaled_ ? vec(tt_.acc_first + key_.tokens * na_ + m) : acc(m, 0); }
 
   void emit_body() {
+    phase("prologue");
     push(reg_tmp);
     push(reg_rows);
     push(reg_pfd);
@@ -122,6 +123,7 @@ class GemvGenerator : public Generator {
     dec(reg_rows);
     jnz(l_row, T_NEAR);
 
+    phase("epilogue");
     vzeroupper();
     pop(reg_pfd);
     pop(reg_rows);
@@ -152,6 +154,7 @@ class GemvGenerator : public Generator {
 
   void emit_data() {
     if (fmt_ != Format::fp8_block || isa_ != Isa::avx512_bf16) return;
+    phase("data");
     align(64);
     if (vbmi_lut_) {
       L(l_lut_);
@@ -189,7 +192,11 @@ class GemvGenerator : public Generator {
       dec(reg_kb);
       jnz(l_blk, T_NEAR);
     }
-    if (tail > 0) emit_block(tail);
+    if (tail > 0) {
+      phase("tail");
+      emit_block(tail);
+    }
+    phase("store");
     if (!scaled_) sum_accs();
     emit_store();
   }
@@ -207,6 +214,8 @@ class GemvGenerator : public Generator {
         for (int j = 0; j + width < na_; j += 2 * width) vaddps(acc(m, j), acc(m, j), acc(m, j + width));
   }
 
+  bool cnt_full(int n) const { return n == kBlock; }
+
   // n elements (<= kBlock) starting at the cursors; the last step may be partial.
   void emit_block(int n) {
     if (scaled_) zero_accs();
@@ -218,11 +227,14 @@ class GemvGenerator : public Generator {
       // Each line read is matched by a prefetch of the same line of a later
       // call (into L2: measured ~1.5x faster cold than L1 prefetches here).
       if ((off * wbytes_) % 64 == 0) prefetcht1(ptr[reg_wk + reg_pfd + off * wbytes_]);
+      if (cnt == step_) phase("decode");
       const int nvec = load_weights(off, cnt);
+      if (cnt == step_) phase("fma");
       for (int i = 0; i < nvec; ++i, ++v)
         for (int m = 0; m < key_.tokens; ++m) multiply(acc(m, v % na_), v_w(i), m, off + i * tt_.step);
     }
     if (scaled_) {
+      if (cnt_full(n)) phase("block-scale");
       sum_accs();
       apply_block_scale();
     }
@@ -443,6 +455,7 @@ class GeneratedKernel : public Kernel {
     key_ = gen_->key();
     fn_ = gen_->getCode<GemvFn>();
     size_ = gen_->getSize();
+    for (const CodePhase& p : gen_->phases()) phases_.emplace_back(p.offset, p.name);
   }
 
  private:

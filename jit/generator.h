@@ -5,12 +5,20 @@
 #include <xbyak/xbyak.h>
 
 #include <string>
+#include <vector>
 
 namespace moejit::jit {
+
+// A named region of generated code, for disassembly listings.
+struct CodePhase {
+  size_t offset;     // bytes from the start of the code
+  std::string name;  // prologue, decode, fma, block-scale, tail, epilogue, data, ...
+};
 
 class Generator : public Xbyak::CodeGenerator {
  public:
   Generator() : Xbyak::CodeGenerator(16 * 1024, Xbyak::AutoGrow) {}
+  const std::vector<CodePhase>& phases() const { return phases_; }
 
  protected:
   // Resolves labels, flips the pages to read+exec and checks Xbyak's error.
@@ -18,8 +26,18 @@ class Generator : public Xbyak::CodeGenerator {
   // Loads a 32-bit pattern broadcast into a vector register.
   void broadcast_u32(const Xbyak::Xmm& v, uint32_t pattern, const Xbyak::Reg32& tmp);
 
+  // Marks the start of a named phase at the current position (consecutive
+  // marks with the same name collapse into one).
+  void phase(const char* name) {
+    if (!phases_.empty() && phases_.back().name == name) return;
+    phases_.push_back({getSize(), name});
+  }
+
   // SysV argument register.
   const Xbyak::Reg64 reg_args = rdi;
+
+ private:
+  std::vector<CodePhase> phases_;
 };
 
 }  // namespace moejit::jit
