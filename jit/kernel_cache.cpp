@@ -1,5 +1,7 @@
 #include "jit/kernel_cache.h"
 
+#include "jit/kernel_dump.h"
+
 namespace moejit::jit {
 
 std::shared_ptr<const Kernel> KernelCache::get(const KernelKey& key, std::string* err) {
@@ -38,6 +40,7 @@ std::shared_ptr<const Kernel> KernelCache::get(const KernelKey& key, std::string
       ++generated_;
     }
     promise.set_value(k);
+    on_kernel_generated(*k);  // MOEJIT_DUMP_DIR, MOEJIT_PERF_MAP; never fails the generation
     return k;
   }
 }

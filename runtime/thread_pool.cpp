@@ -19,9 +19,11 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spin budgets: long enough to bridge back-to-back layers, short enough not to
-// burn a core between decode steps.
-constexpr auto kSpinWorker = std::chrono::microseconds(100);
+// Spin budgets. Workers spin long enough to bridge back-to-back layers; the
+// thread waiting for a job spins briefly, because on a machine with as many
+// workers as cores its spinning takes a core away from them.
+constexpr auto kSpinWorker = std::chrono::microseconds(50);
+constexpr auto kSpinWaiter = std::chrono::microseconds(5);
 
 }  // namespace
 
@@ -45,12 +47,12 @@ ThreadPool::~ThreadPool() {
   for (auto& t : threads_) t.join();
 }
 
-void ThreadPool::spin_wait(const std::atomic<uint32_t>& a, uint32_t old) {
+void ThreadPool::spin_wait(const std::atomic<uint32_t>& a, uint32_t old, std::chrono::microseconds budget) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 1;; ++i) {
     if (a.load(std::memory_order_acquire) != old) return;
     cpu_relax();
-    if ((i & 255) == 0 && std::chrono::steady_clock::now() - t0 > kSpinWorker) break;
+    if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > budget) break;
   }
   while (a.load(std::memory_order_acquire) == old) a.wait(old, std::memory_order_acquire);
 }
@@ -66,7 +68,7 @@ void ThreadPool::start(const Job* job) {
   epoch_.notify_all();
 }
 
-void ThreadPool::wait() { spin_wait(finished_, 0); }
+void ThreadPool::wait() { spin_wait(finished_, 0, kSpinWaiter); }
 
 void ThreadPool::run_job(const Job& job, int id) {
   const int n = size();
@@ -87,7 +89,7 @@ void ThreadPool::run_job(const Job& job, int id) {
       ps.done.store(1, std::memory_order_release);
       ps.done.notify_all();
     } else {
-      spin_wait(ps.done, 0);
+      spin_wait(ps.done, 0, kSpinWorker);
     }
   }
   if (job.num_phases == 0 && id == 0) {
@@ -108,7 +110,7 @@ void ThreadPool::worker_main(int id, int cpu) {
 #endif
   uint32_t seen = 0;
   for (;;) {
-    spin_wait(epoch_, seen);
+    spin_wait(epoch_, seen, kSpinWorker);
     seen = epoch_.load(std::memory_order_acquire);
     if (stop_.load(std::memory_order_acquire)) return;
     run_job(*job_, id);

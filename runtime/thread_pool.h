@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -37,7 +38,7 @@ class ThreadPool {
  private:
   void worker_main(int id, int cpu);
   void run_job(const Job& job, int id);
-  static void spin_wait(const std::atomic<uint32_t>& a, uint32_t old);
+  static void spin_wait(const std::atomic<uint32_t>& a, uint32_t old, std::chrono::microseconds budget);
 
   std::vector<std::thread> threads_;
   bool ok_ = true;
