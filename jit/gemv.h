@@ -56,6 +56,11 @@ inline int64_t x_position(XLayout l, int64_t k) {
   return (k - r) + (j < 8 ? lane * 8 + j : 32 + lane * 8 + (j - 8));
 }
 
+// Whether kernels of this format prefetch the weights of a call far ahead
+// (w_prefetch = a call ~kPrefetchBytes later) or only the start of the next
+// call (w_prefetch = the next call).
+inline bool streams_with_prefetch(int32_t format) { return format != 0 /* bf16 */; }
+
 // Largest tokens-per-call a generated kernel holds in registers for this tier.
 int max_tokens_per_call(Isa isa, int32_t format);
 

@@ -48,6 +48,9 @@ bool scaled_format(Format f) { return f == Format::fp8_block; }
 // on the token count, so one token gives the same bits alone or inside a
 // multi-token (dedup) call.
 constexpr int kSplit = 2;
+// Bytes of the next call requested at the start of a call when the format
+// streams without software prefetch.
+constexpr int64_t kBridgeBytes = 16384;
 
 class GemvGenerator : public Generator {
  public:
@@ -65,7 +68,7 @@ class GemvGenerator : public Generator {
                   x_layout(key.isa, key.format, key.flags) == XLayout::bf16_perm64),
         step_(vbmi_lut_ ? 64 : tt_.step),
         na_(kSplit),
-        sw_prefetch_(fmt_ != Format::bf16) {}
+        sw_prefetch_(streams_with_prefetch(key.format)) {}
 
   bool generate(std::string* err) {
     emit_body();
@@ -114,6 +117,12 @@ class GemvGenerator : public Generator {
     mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
     emit_constants();
 
+    if (!sw_prefetch_) {
+      // No stream prefetch: only start the next call's stream early, so the
+      // hardware prefetcher finds it running when the reads get there.
+      for (int64_t off = 0; off < std::min<int64_t>(kBridgeBytes, row_bytes_ * key_.rows); off += 64)
+        prefetcht1(ptr[reg_wt + reg_pfd + off]);
+    }
     Label l_row;
     mov(reg_rows, key_.rows);
     L(l_row);

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include "formats/formats.h"
+
 #if defined(MOEJIT_HAVE_ZYDIS)
 #include <Zydis/Zydis.h>
 #endif
@@ -147,7 +149,7 @@ bool disassemble(const uint8_t* code, size_t size,
     }
     if (next_phase < phases.size()) end = phases[next_phase].first;
     if (data) {
-      const size_t n = std::min<size_t>(16, end - off);
+      const size_t n = std::min<size_t>(16 - off % 16, end - off);  // lines start at 16-byte boundaries
       append_offset(&text, off);
       text += ".byte ";
       append_bytes(&text, code + off, n, 0);
@@ -198,11 +200,12 @@ bool kernel_listing(const Kernel& k, std::string* out, std::string* err) {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "; %s\n"
-                "; format %d, k %d, rows %d, tokens %d, scale_stride %" PRId64
-                ", scale_dtype %d, group %d, isa %s, flags %u\n"
+                "; format %s (%d), k %d, rows %d, tokens %d, scale_stride %" PRId64
+                ", scale_dtype %s, group %d, isa %s, flags %u\n"
                 "; code size %zu bytes, generator version %d\n",
-                key.name().c_str(), key.format, key.k, key.rows, key.tokens, key.scale_stride,
-                key.scale_dtype, key.group, isa_name(key.isa), key.flags, k.code_size(), kGeneratorVersion);
+                key.name().c_str(), formats::format_name(formats::Format(key.format)), key.format, key.k,
+                key.rows, key.tokens, key.scale_stride, key.scale_dtype == 1 ? "f32" : "bf16", key.group,
+                isa_name(key.isa), key.flags, k.code_size(), kGeneratorVersion);
   *out = buf + body;
   return true;
 }

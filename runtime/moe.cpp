@@ -51,6 +51,10 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
     m->dn_bias_[size_t(e)] = down[e].bias;
   }
 
+  // Row blocks: long contiguous reads per call (64 rows of H measured ~10% faster
+  // than 16 for bf16 with one thread), but pass 2 keeps >= 4 items per worker.
+  const int64_t min_items = 4 * int64_t(m->ctx_->num_threads());
+  while (m->rb2_ > 16 && (H + m->rb2_ - 1) / m->rb2_ < min_items) m->rb2_ /= 2;
   m->nblk1_ = (I + m->rb1_ - 1) / m->rb1_;
   m->nblk2_ = (H + m->rb2_ - 1) / m->rb2_;
   for (int64_t j = 0; j < m->nblk1_; ++j) {
@@ -79,8 +83,9 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   // Calls to look ahead for the prefetch (each call reads one row block of one expert).
   const int64_t b1 = m->mm_gu_.call_bytes(cfg.interleaved ? 2 * m->rb1_ : m->rb1_);
   const int64_t b2 = m->mm_dn_.call_bytes(m->rb2_);
-  m->ahead1_ = std::max<int64_t>(1, (kPrefetchBytes + b1 - 1) / b1);
-  m->ahead2_ = std::max<int64_t>(1, (kPrefetchBytes + b2 - 1) / b2);
+  const bool far = jit::streams_with_prefetch(int32_t(cfg.format));
+  m->ahead1_ = far ? std::max<int64_t>(1, (kPrefetchBytes + b1 - 1) / b1) : 1;
+  m->ahead2_ = far ? std::max<int64_t>(1, (kPrefetchBytes + b2 - 1) / b2) : 1;
   m->xelem_ = m->mm_gu_.x_elem_bytes();
   const size_t T = size_t(cfg.max_tokens), K = size_t(cfg.top_k), R = T * K;
   const size_t gmax = size_t(group_max);

@@ -65,7 +65,7 @@ class MoeLayer {
   std::vector<formats::MatrixRef> gu_, dn_;
   std::vector<const uint16_t*> gu_bias_, dn_bias_;
   Matmul mm_gu_, mm_dn_;
-  int rb1_ = 16, rb2_ = 16;  // rows of I per pass-1 item, rows of H per pass-2 item
+  int rb1_ = 32, rb2_ = 64;  // rows of I per pass-1 item, rows of H per pass-2 item
   int64_t nblk1_ = 0, nblk2_ = 0;
   int64_t ahead1_ = 1, ahead2_ = 1;  // calls between a read and its prefetch
 

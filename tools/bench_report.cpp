@@ -32,7 +32,7 @@ class TableReporter : public Reporter {
     std::printf("moejit-bench: libmoejit %s, host isa %s, %d CPUs, L3 %.0f MiB\n", m.version.c_str(),
                 moejit_isa_name(m.host_isa), m.cpus, double(m.l3_bytes) / kMiB);
     std::printf(
-        "DRAM read bandwidth (%.0f MiB streaming read, best of %d passes, re-measured after each case):",
+        "DRAM read bandwidth (%.0f MiB streaming read, median of %d passes, re-measured after each case):",
         double(m.dram_buffer_bytes) / kMiB, m.dram_passes);
     for (size_t i = 0; i < m.dram_gbps.size(); ++i)
       std::printf("%s %d thread%s %.1f GB/s", i ? "," : "", m.dram_gbps[i].first,

@@ -69,7 +69,7 @@ CpuSample sample_cpu();
 double foreign_cpus(const CpuSample& a, const CpuSample& b);
 
 // Read bandwidth in GB/s (1e9 bytes/s) of `threads` threads each summing its own contiguous
-// slice of `buffer`, best of `passes` passes. Threads are pinned to the affinity CPUs in turn.
+// slice of `buffer`, median of `passes` passes. Threads are pinned to the affinity CPUs in turn.
 double measure_read_bandwidth(const Buffer& buffer, int threads, int passes);
 
 }  // namespace moejit_bench
