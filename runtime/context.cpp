@@ -26,17 +26,19 @@ void Context::release() {
 }
 
 void Context::wait() {
-  std::lock_guard<std::mutex> lock(wait_mu_);
-  uint32_t s = state_.load(std::memory_order_acquire);
-  while (s == kAcquired) {  // the owner is between acquiring and launching
-    state_.wait(kAcquired, std::memory_order_acquire);
-    s = state_.load(std::memory_order_acquire);
+  // No lock: concurrent waiters may all wait on the pool; one of them releases.
+  for (;;) {
+    uint32_t s = state_.load(std::memory_order_acquire);
+    if (s == kIdle) return;
+    if (s == kAcquired) {  // the owner is between acquiring and launching
+      state_.wait(kAcquired, std::memory_order_acquire);
+      continue;
+    }
+    pool_.wait();
+    owner_.store(nullptr, std::memory_order_release);
+    if (state_.compare_exchange_strong(s, kIdle, std::memory_order_acq_rel)) state_.notify_all();
+    return;
   }
-  if (s == kIdle) return;
-  pool_.wait();
-  owner_.store(nullptr, std::memory_order_release);
-  state_.store(kIdle, std::memory_order_release);
-  state_.notify_all();
 }
 
 void Context::wait_if_owner(const void* owner) {

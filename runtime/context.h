@@ -3,7 +3,6 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "jit/kernel_key.h"
@@ -44,7 +43,6 @@ class Context {
   enum : uint32_t { kIdle = 0, kAcquired = 1, kLaunched = 2 };
   std::atomic<uint32_t> state_{kIdle};
   std::atomic<const void*> owner_{nullptr};  // the object whose task is in flight
-  std::mutex wait_mu_;                       // serialises concurrent waiters
 };
 
 }  // namespace moejit
