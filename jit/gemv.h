@@ -31,7 +31,9 @@ static_assert(offsetof(GemvArgs, w) == 0 && offsetof(GemvArgs, scales) == 8 &&
 using GemvFn = void (*)(const GemvArgs*);
 
 // KernelKey::flags bits.
-constexpr uint32_t kFlagNoVbmi = 1;  // avx512_bf16 e4m3 decode without AVX512_VBMI byte tables
+// avx512_bf16, 8-bit floats: decode without the AVX512_VBMI byte tables (CPUs
+// without VBMI; mxfp8 groups of 32, which the 64-element table chunks straddle).
+constexpr uint32_t kFlagNoVbmi = 1;
 
 // Prepared activations are padded with zeros to a multiple of 64 elements so
 // full-vector loads past K read zeros.
@@ -46,7 +48,10 @@ enum class XLayout {
 };
 inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
   if (isa != Isa::avx512_bf16) return XLayout::f32;
-  if (format == 5 /* fp8_block */ && !(flags & kFlagNoVbmi)) return XLayout::bf16_perm64;
+  const bool eight_bit =
+      format == 5 /* fp8_block */ || format == 7 /* mxfp8_e4m3 */ || format == 8 /* e5m2 */;
+  if (eight_bit && !(flags & kFlagNoVbmi)) return XLayout::bf16_perm64;
+  if (format == 8) return XLayout::f32;  // e5m2 without VBMI: fp16 widening, fp32 FMA
   return XLayout::bf16;
 }
 inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 ? 4 : 2; }

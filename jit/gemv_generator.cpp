@@ -2,6 +2,7 @@
 // "load and widen one step of weights" and its scale rule; a tier contributes
 // the vector width, the register budget and the multiply instruction.
 #include <algorithm>
+#include <cstring>
 #include <new>
 #include <vector>
 
@@ -20,7 +21,11 @@ namespace {
 constexpr int kBlock = 128;
 // elements per inner block (fp8_block scale block; unrolled chunk otherwise)
 
-bool format_has_jit(Format f) { return f == Format::bf16 || f == Format::fp8_block; }
+bool format_has_jit(Format f) {
+  return f == Format::bf16 || f == Format::fp8_block || f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2;
+}
+bool is_e4m3(Format f) { return f == Format::fp8_block || f == Format::mxfp8_e4m3; }
+bool is_mx8(Format f) { return f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2; }
 
 struct TierTraits {
   int vec_bytes;  // 32 (ymm) or 64 (zmm)
@@ -38,7 +43,7 @@ TierTraits tier_traits(Isa isa) {
   }
 }
 
-bool scaled_format(Format f) { return f == Format::fp8_block; }
+bool scaled_format(Format f) { return f == Format::fp8_block || is_mx8(f); }
 
 // Rows are streamed one at a time, front to back: one sequential stream is what
 // hardware prefetchers follow best (interleaving 8 rows measured up to 2x
@@ -65,9 +70,11 @@ class GemvGenerator : public Generator {
         xbytes_(int(x_elem_bytes(x_layout(key.isa, key.format, key.flags)))),
         row_bytes_(formats::row_bytes(fmt_, key.k)),
         xstride_bytes_(x_stride(key.k) * int64_t(x_elem_bytes(x_layout(key.isa, key.format, key.flags)))),
-        vbmi_lut_(fmt_ == Format::fp8_block &&
-                  x_layout(key.isa, key.format, key.flags) == XLayout::bf16_perm64),
-        step_(vbmi_lut_ ? 64 : tt_.step),
+        vbmi_lut_(x_layout(key.isa, key.format, key.flags) == XLayout::bf16_perm64),
+        fma_f32_(x_layout(key.isa, key.format, key.flags) == XLayout::f32),
+        vec_elems_(fma_f32_ ? tt_.vec_bytes / 4 : 32),
+        step_(vbmi_lut_ ? 64 : vec_elems_),
+        block_(is_mx8(fmt_) ? key.group : kBlock),
         na_(kSplit),
         sw_prefetch_(streams_with_prefetch(key.format)) {}
 
@@ -90,6 +97,7 @@ class GemvGenerator : public Generator {
   const Reg64 reg_tmp = rbx;   // scratch (callee-saved)
   const Reg64 reg_rows = r12;  // row counter (callee-saved)
   const Reg64 reg_pfd = r13;   // w_prefetch - w: prefetch distance (callee-saved)
+  const Reg64 reg_e8m0 = r14;  // e8m0 -> fp32 table (mx formats, callee-saved)
   const Opmask k_tail = k1;
   const Opmask k_sub = k2;
 
@@ -110,10 +118,12 @@ class GemvGenerator : public Generator {
     push(reg_tmp);
     push(reg_rows);
     push(reg_pfd);
+    push(reg_e8m0);
     mov(reg_wt, ptr[reg_args + offsetof(GemvArgs, w)]);
     mov(reg_pfd, ptr[reg_args + offsetof(GemvArgs, w_prefetch)]);
     sub(reg_pfd, reg_wt);
     mov(reg_s0, ptr[reg_args + offsetof(GemvArgs, scales)]);
+    if (is_mx8(fmt_)) lea(reg_e8m0, ptr[rip + l_e8m0_]);
     mov(reg_x0, ptr[reg_args + offsetof(GemvArgs, x)]);
     mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
     emit_constants();
@@ -129,12 +139,14 @@ class GemvGenerator : public Generator {
     L(l_row);
     emit_row();
     add(reg_wt, row_bytes_);
+    if (is_mx8(fmt_)) add(reg_s0, key_.scale_stride);  // one e8m0 scale row per weight row
     add(reg_y, 4);
     dec(reg_rows);
     jnz(l_row, T_NEAR);
 
     phase("epilogue");
     vzeroupper();
+    pop(reg_e8m0);
     pop(reg_pfd);
     pop(reg_rows);
     pop(reg_tmp);
@@ -143,7 +155,7 @@ class GemvGenerator : public Generator {
   }
 
   void emit_constants() {
-    if (fmt_ != Format::fp8_block) return;
+    if (!is_e4m3(fmt_) && !vbmi_lut_) return;  // bf16; e5m2 on the fp16 path needs none
     if (vbmi_lut_) {
       // bf16 low and high bytes of e4m3 magnitudes 0..127, and the sign mask.
       vmovdqu8(v_c(0), ptr[rip + l_lut_]);
@@ -163,17 +175,28 @@ class GemvGenerator : public Generator {
   }
 
   void emit_data() {
-    if (fmt_ != Format::fp8_block || isa_ != Isa::avx512_bf16) return;
+    const bool blend = is_e4m3(fmt_) && isa_ == Isa::avx512_bf16 && !vbmi_lut_;
+    if (!vbmi_lut_ && !blend && !is_mx8(fmt_)) return;
     phase("data");
     align(64);
+    if (is_mx8(fmt_)) {
+      L(l_e8m0_);  // fp32 of every e8m0 code: 2^(s-127), s = 0 subnormal, 255 NaN
+      for (int i = 0; i < 256; ++i) {
+        const float f = formats::e8m0_to_f32(uint8_t(i));
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        dd(u);
+      }
+    }
     if (vbmi_lut_) {
       L(l_lut_);
       for (int half = 0; half < 2; ++half)
         for (int i = 0; i < 128; ++i) {
-          const uint16_t b = formats::f32_to_bf16(formats::e4m3_to_f32(uint8_t(i)));
+          const float v = is_e4m3(fmt_) ? formats::e4m3_to_f32(uint8_t(i)) : formats::e5m2_to_f32(uint8_t(i));
+          const uint16_t b = formats::f32_to_bf16(v);  // exact: 8-bit floats fit bf16
           db(half == 0 ? (b & 0xFF) : (b >> 8));
         }
-    } else {
+    } else if (blend) {
       L(l_sub_tbl_);
       // bf16 of e4m3 subnormal magnitudes m * 2^-9, indexed by the low 5 bits (m = low 3).
       for (int i = 0; i < 32; ++i) dw(formats::f32_to_bf16(float(i & 7) / 512.0f));
@@ -182,8 +205,8 @@ class GemvGenerator : public Generator {
 
   // One row over all of K.
   void emit_row() {
-    const int64_t nfull = key_.k / kBlock;
-    const int tail = int(key_.k % kBlock);
+    const int64_t nfull = key_.k / block_;
+    const int tail = int(key_.k % block_);
     if (scaled_)
       for (int m = 0; m < key_.tokens; ++m) vxorps(tot(m), tot(m), tot(m));
     else
@@ -195,9 +218,9 @@ class GemvGenerator : public Generator {
       Label l_blk;
       mov(reg_kb, nfull);
       L(l_blk);
-      emit_block(kBlock);
-      add(reg_wk, kBlock * wbytes_);
-      add(reg_xk, kBlock * xbytes_);
+      emit_block(block_);
+      add(reg_wk, block_ * wbytes_);
+      add(reg_xk, block_ * xbytes_);
       if (scaled_) add(reg_sk, scale_bytes());
       dec(reg_kb);
       jnz(l_blk, T_NEAR);
@@ -211,7 +234,10 @@ class GemvGenerator : public Generator {
     emit_store();
   }
 
-  int scale_bytes() const { return key_.scale_dtype == 1 ? 4 : 2; }
+  int scale_bytes() const {
+    if (is_mx8(fmt_)) return 1;
+    return key_.scale_dtype == 1 ? 4 : 2;
+  }
 
   void zero_accs() {
     for (int m = 0; m < key_.tokens; ++m)
@@ -224,9 +250,9 @@ class GemvGenerator : public Generator {
         for (int j = 0; j + width < na_; j += 2 * width) vaddps(acc(m, j), acc(m, j), acc(m, j + width));
   }
 
-  bool cnt_full(int n) const { return n == kBlock; }
+  bool cnt_full(int n) const { return n == block_; }
 
-  // n elements (<= kBlock) starting at the cursors; the last step may be partial.
+  // n elements (<= block_) starting at the cursors; the last step may be partial.
   void emit_block(int n) {
     if (scaled_) zero_accs();
     int v = 0;  // vector index inside the block: picks the accumulator
@@ -244,7 +270,7 @@ class GemvGenerator : public Generator {
       const int nvec = load_weights(off, cnt);
       if (cnt == step_) phase("fma");
       for (int i = 0; i < nvec; ++i, ++v)
-        for (int m = 0; m < key_.tokens; ++m) multiply(acc(m, v % na_), v_w(i), m, off + i * tt_.step);
+        for (int m = 0; m < key_.tokens; ++m) multiply(acc(m, v % na_), v_w(i), m, off + i * vec_elems_);
     }
     if (scaled_) {
       if (cnt_full(n)) phase("block-scale");
@@ -321,6 +347,36 @@ class GemvGenerator : public Generator {
       }
       return 1;
     }
+    if (vbmi_lut_) {  // any 8-bit float: the tables hold its bf16 bytes
+      emit_e4m3_lut64(off, partial);
+      return 2;
+    }
+    if (fmt_ == Format::mxfp8_e5m2) {  // e5m2 is the high byte of an fp16: (b << 8), vcvtph2ps
+      if (isa_ == Isa::avx2) {
+        const Xmm xw = Xmm(v_w().getIdx());
+        if (partial) {
+          load_partial_xmm(xt, off, cnt);
+          vpmovzxbw(xw, xt);
+        } else {
+          vpmovzxbw(xw, w_addr(off));
+        }
+        vpsllw(xw, xw, 8);
+      } else {  // avx512, or avx512_bf16 without VBMI (fp32 path)
+        const Ymm yw = Ymm(v_w().getIdx());
+        if (partial) {
+          vmovdqu8(xt | k_tail | T_z, w_addr(off));
+          vpmovzxbw(yw, xt);
+        } else {
+          vpmovzxbw(yw, w_addr(off));
+        }
+        vpsllw(yw, yw, 8);
+      }
+      if (tt_.vec_bytes == 32)
+        vcvtph2ps(v_w(), Xmm(v_w().getIdx()));
+      else
+        vcvtph2ps(v_w(), Ymm(v_w().getIdx()));
+      return 1;
+    }
     // e4m3
     switch (isa_) {
       case Isa::avx2: {
@@ -350,18 +406,12 @@ class GemvGenerator : public Generator {
         vcvtph2ps(v_w(), yw);
         return 1;
       }
-      case Isa::avx512_bf16:
-        if (vbmi_lut_) {
-          emit_e4m3_lut64(off, partial);
-          return 2;
-        }
-        emit_e4m3_blend32(off, partial);
-        return 1;
+      case Isa::avx512_bf16: emit_e4m3_blend32(off, partial); return 1;
       default: return 0;
     }
   }
 
-  // 64 e4m3 bytes -> 2 x 32 bf16 through byte tables: lo/hi = table[b & 127],
+  // 64 8-bit floats (e4m3 or e5m2) -> 2 x 32 bf16 through byte tables: lo/hi = table[b & 127],
   // hi |= b & 0x80, then unpack; the activations are stored in that order
   // (XLayout::bf16_perm64).
   void emit_e4m3_lut64(int off, bool partial) {
@@ -401,14 +451,17 @@ class GemvGenerator : public Generator {
   }
 
   void multiply(const Xmm& a, const Xmm& w, int m, int off) {
-    if (isa_ == Isa::avx512_bf16)
-      vdpbf16ps(a, w, x_addr(m, off));
-    else
+    if (fma_f32_)
       vfmadd231ps(a, w, x_addr(m, off));
+    else
+      vdpbf16ps(a, w, x_addr(m, off));
   }
 
   void apply_block_scale() {
-    if (key_.scale_dtype == 1) {
+    if (is_mx8(fmt_)) {
+      movzx(reg_tmp.cvt32(), byte[reg_sk]);
+      vbroadcastss(v_scale(), ptr[reg_e8m0 + reg_tmp * 4]);
+    } else if (key_.scale_dtype == 1) {
       vbroadcastss(v_scale(), ptr[reg_sk]);
     } else {
       movzx(reg_tmp.cvt32(), word[reg_sk]);
@@ -421,7 +474,7 @@ class GemvGenerator : public Generator {
 
   // Horizontal sums to y[m * rows + r]; the fp16 widening's 2^-8 is undone here.
   void emit_store() {
-    const bool fp16_trick = fmt_ == Format::fp8_block && isa_ != Isa::avx512_bf16;
+    const bool fp16_trick = is_e4m3(fmt_) && fma_f32_;
     if (fp16_trick) broadcast_u32(v_scale(), 0x43800000u, reg_tmp.cvt32());  // 256.0f
     const Xmm x0 = Xmm(0), x1 = Xmm(1);
     const Ymm y0 = Ymm(0), y1 = Ymm(1);
@@ -455,12 +508,16 @@ class GemvGenerator : public Generator {
   int xbytes_;
   int64_t row_bytes_;
   int64_t xstride_bytes_;
-  bool vbmi_lut_;     // e4m3 -> bf16 through two 128-entry byte tables (vpermi2b)
+  bool vbmi_lut_;     // 8-bit floats -> bf16 through two 128-entry byte tables (vpermi2b)
+  bool fma_f32_;      // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
+  int vec_elems_;     // weights per multiply instruction
   int step_;          // weights per decode step
+  int block_;         // elements per scale block (or unrolled chunk when unscaled)
   int na_;            // accumulators per token (K split)
   bool sw_prefetch_;  // software prefetch of a later call's weights
   Label l_sub_tbl_;
   Label l_lut_;
+  Label l_e8m0_;
 };
 
 class GeneratedKernel : public Kernel {
@@ -517,9 +574,16 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "unknown kernel flags";
     return false;
   }
-  if (f == Format::fp8_block && key.isa == Isa::avx512_bf16 && !(key.flags & kFlagNoVbmi) &&
-      !host_features().avx512_vbmi) {
+  if (x_layout(key.isa, key.format, key.flags) == XLayout::bf16_perm64 && !host_features().avx512_vbmi) {
     *why = "this CPU lacks AVX512_VBMI for the byte-table e4m3 decode";
+    return false;
+  }
+  if (is_mx8(f) && key.group != 32 && key.group != 64 && key.group != 128) {
+    *why = "mxfp8 group must be 32, 64 or 128";
+    return false;
+  }
+  if (is_mx8(f) && key.group < 64 && x_layout(key.isa, key.format, key.flags) == XLayout::bf16_perm64) {
+    *why = "the byte-table decode works on 64-element chunks: groups of 32 need kFlagNoVbmi";
     return false;
   }
   if (f == Format::fp8_block && key.rows > 128) {

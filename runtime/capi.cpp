@@ -29,7 +29,13 @@ namespace {
 constexpr int kMaxThreads = 1024;
 
 // Formats with generated kernels in this build (others are UNSUPPORTED).
-bool format_implemented(fmt::Format f) { return f == fmt::Format::bf16 || f == fmt::Format::fp8_block; }
+bool format_implemented(fmt::Format f) {
+  return f == fmt::Format::bf16 || f == fmt::Format::fp8_block || f == fmt::Format::mxfp8_e4m3 ||
+         f == fmt::Format::mxfp8_e5m2;
+}
+
+// Formats whose kernels bake the scale row stride (one scale row per weight row).
+bool stride_in_kernel(fmt::Format f) { return f == fmt::Format::mxfp8_e4m3 || f == fmt::Format::mxfp8_e5m2; }
 
 // struct_size rule: smaller is invalid; larger is fine when the extra bytes are zero.
 bool check_struct_size(const char* fn, const char* what, const void* desc, uint32_t size, size_t known,
@@ -305,6 +311,19 @@ moejit_status moe_create(moejit_context* ctx, const moejit_moe_desc* d, moejit_m
   // Support checks come after every validity check.
   if (!format_implemented(f))
     return fail(MOEJIT_UNSUPPORTED, fn, "format %s is not implemented in this build", fmt::format_name(f));
+  if (stride_in_kernel(f)) {
+    const auto stride = [&](const moejit_matrix& m, int64_t k) {
+      return m.scale_row_stride ? m.scale_row_stride : fmt::scale_cols(f, group, k);
+    };
+    for (int32_t e = 1; e < d->num_experts; ++e)
+      if (stride(d->gate_up[e], H) != stride(d->gate_up[0], H) ||
+          stride(d->down[e], I) != stride(d->down[0], I))
+        return fail(
+            MOEJIT_UNSUPPORTED, fn,
+            "desc->gate_up[%d] or desc->down[%d] has a scale_row_stride different from expert 0's: %s "
+            "kernels are generated for one stride per projection",
+            e, e, fmt::format_name(f));
+  }
   moejit::MoeConfig cfg;
   cfg.format = f;
   cfg.scale_dtype = static_cast<fmt::ScaleDtype>(d->scale_dtype);

@@ -111,6 +111,31 @@ Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64
                                              : random_bf16(rng, -10, 0);
       std::memcpy(&m.data[size_t(i * 2)], &v, 2);
     }
+  } else if (fmt == MOEJIT_FORMAT_MXFP8_E4M3 || fmt == MOEJIT_FORMAT_MXFP8_E5M2) {
+    // One e8m0 scale per 32 elements of each row (group 32, the default).
+    const bool e5 = fmt == MOEJIT_FORMAT_MXFP8_E5M2;
+    m.data.resize(size_t(rows * k));
+    for (auto& b : m.data) {
+      if (!e5) {
+        b = fill == Fill::exact ? exact_e4m3_code(rng) : uint8_t(rng.next());
+      } else if (fill == Fill::exact) {  // exponent field 13..16 (2^-2..2^1), or zero
+        b = rng.chance(0.1)
+                ? 0
+                : uint8_t(((rng.uniform(13, 16)) << 2) | rng.uniform(0, 3) | (rng.chance(0.5) ? 0x80 : 0));
+      } else {
+        do b = uint8_t(rng.next());
+        while ((b & 0x7C) == 0x7C);  // finite codes: inf/NaN are covered by the kernel tests
+      }
+    }
+    m.srows = rows;
+    m.scols = k / 32;
+    m.stride = m.scols + pad;
+    m.api_stride = pad ? m.stride : 0;
+    m.scales.assign(size_t(m.srows * m.stride), 0xFF);  // padding: the e8m0 NaN code
+    for (int64_t sr = 0; sr < m.srows; ++sr)
+      for (int64_t sc = 0; sc < m.scols; ++sc)
+        m.scales[size_t(sr * m.stride + sc)] =
+            uint8_t(fill == Fill::exact ? 127 - rng.uniform(0, 2) : rng.uniform(118, 130));
   } else {  // fp8_block
     m.data.resize(size_t(rows * k));
     for (auto& b : m.data) b = fill == Fill::exact ? exact_e4m3_code(rng) : uint8_t(rng.next());

@@ -36,7 +36,7 @@ const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
 
 bool variant_available(const Variant& v, Format f) {
   if (!jit::isa_available(v.isa)) return false;
-  if (v.isa == jit::Isa::avx512_bf16 && f == Format::fp8_block && !(v.flags & jit::kFlagNoVbmi))
+  if (jit::x_layout(v.isa, int32_t(f), v.flags) == jit::XLayout::bf16_perm64)
     return jit::host_features().avx512_vbmi;
   return true;
 }
@@ -65,19 +65,30 @@ struct Bank {
 };
 
 // Random bank with padded, NaN-poisoned scale rows.
-Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, std::mt19937& rng) {
+bool is_mx8(Format f) { return f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2; }
+
+Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, std::mt19937& rng, int group = 128) {
   Bank b;
   b.layout.format = f;
   b.layout.scale_dtype = sdt;
-  b.layout.group = 128;
+  b.layout.group = group;
   b.layout.rows = rows;
   b.layout.k = k;
-  const int64_t cols = fmt::scale_cols(f, 128, k);
+  const int64_t cols = fmt::scale_cols(f, group, k);
   b.layout.scale_stride = cols + 3;
   b.w.resize(size_t(fmt::row_bytes(f, k) * rows));
   for (size_t i = 0; i < b.w.size(); ++i) b.w[i] = uint8_t(rng());
   if (f == Format::bf16)  // finite bf16 values in a sane range
     for (size_t i = 1; i < b.w.size(); i += 2) b.w[i] = uint8_t((rng() & 0x80) | (0x3A + rng() % 6));
+  if (f == Format::mxfp8_e5m2)  // finite codes only here (inf/NaN codes have their own test)
+    for (auto& w : b.w)
+      if ((w & 0x7C) == 0x7C) w &= 0xBB;
+  if (is_mx8(f)) {
+    b.scales.assign(size_t(rows * b.layout.scale_stride), 0xFF);  // e8m0 NaN padding
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        b.scales[size_t(r * b.layout.scale_stride + c)] = uint8_t(118 + rng() % 16);
+  }
   if (f == Format::fp8_block) {
     const int64_t srows = fmt::scale_rows(f, rows);
     const size_t eb = sdt == ScaleDtype::f32 ? 4 : 2;
@@ -109,8 +120,13 @@ std::vector<float> run_kernel(const jit::Kernel& kern, const Bank& b, const std:
   return y;
 }
 
-jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k, int rows, int tokens) {
+jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k, int rows, int tokens,
+                        int group = 128, int64_t stride = 0) {
   jit::KernelKey key;
+  if (is_mx8(f)) {
+    key.group = group;
+    key.scale_stride = stride;
+  }
   key.format = int32_t(f);
   key.k = k;
   key.rows = rows;
@@ -118,6 +134,8 @@ jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k, int r
   key.scale_dtype = f == Format::fp8_block ? int32_t(sdt) : 0;
   key.isa = v.isa;
   key.flags = v.flags;
+  if (is_mx8(f) && group < 64 && v.isa == jit::Isa::avx512_bf16)
+    key.flags |= jit::kFlagNoVbmi;  // as the runtime does: the tables need 64-element chunks
   return key;
 }
 
@@ -198,6 +216,101 @@ TEST_P(GemvKernels, EveryE4m3Code) {
       }
     }
   }
+}
+
+// mxfp8 (e4m3 and e5m2) with every group size, padded e8m0 scale rows holding
+// the NaN code, one scale row per weight row.
+TEST_P(GemvKernels, Mxfp8MatchFloat64Reference) {
+  const Variant v = GetParam();
+  std::mt19937 rng(5);
+  int checked = 0;
+  for (Format f : {Format::mxfp8_e4m3, Format::mxfp8_e5m2}) {
+    if (!variant_available(v, f)) continue;
+    for (int group : {32, 64, 128}) {
+      for (int k : {group, 3 * group, 2880 / group * group}) {
+        for (int rows : {1, 5, 16}) {
+          for (int tokens : {1, 3}) {
+            if (tokens > jit::max_tokens_per_call(v.isa, int32_t(f))) continue;
+            Bank b = make_bank(f, ScaleDtype::bf16, rows, k, rng, group);
+            const jit::KernelKey key =
+                make_key(v, f, ScaleDtype::bf16, k, rows, tokens, group, b.layout.scale_stride);
+            std::string err;
+            auto kern = jit::global_cache().get(key, &err);
+            ASSERT_TRUE(kern) << key.name() << ": " << err;
+            std::vector<float> x(size_t(tokens) * size_t(k));
+            for (float& e : x) e = fmt::round_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
+            const std::vector<float> y = run_kernel(*kern, b, x);
+            for (int m = 0; m < tokens; ++m)
+              for (int r = 0; r < rows; ++r) {
+                double ref = 0.0, mag = 0.0;
+                for (int kk = 0; kk < k; ++kk) {
+                  const double p =
+                      fmt::weight(b.layout, b.ref(), r, kk) * double(x[size_t(m) * size_t(k) + size_t(kk)]);
+                  ref += p;
+                  mag += std::fabs(p);
+                }
+                const double got = y[size_t(m) * size_t(rows) + size_t(r)];
+                ASSERT_LE(std::fabs(got - ref), std::ldexp(1.0, -24) * (k + 64) * mag)
+                    << key.name() << " token " << m << " row " << r << " got " << got << " want " << ref;
+              }
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "this CPU lacks " << v.name;
+}
+
+// Every element code of both mxfp8 element types, and every e8m0 scale code,
+// through the real kernels: exact values, inf and NaN where the code says so.
+TEST_P(GemvKernels, Mxfp8EveryCode) {
+  const Variant v = GetParam();
+  int checked = 0;
+  for (Format f : {Format::mxfp8_e4m3, Format::mxfp8_e5m2}) {
+    if (!variant_available(v, f)) continue;
+    const int k = 64, group = 32;
+    for (int what = 0; what < 2; ++what) {  // 0: element codes, 1: scale codes
+      Bank b;
+      b.layout.format = f;
+      b.layout.group = group;
+      b.layout.rows = 256;
+      b.layout.k = k;
+      b.layout.scale_stride = 2;
+      b.w.assign(size_t(256 * k), 0);
+      b.scales.assign(size_t(256 * 2), 127);  // 1.0
+      const uint8_t one = f == Format::mxfp8_e4m3 ? 0x38 : 0x3C;
+      for (int r = 0; r < 256; ++r) {
+        b.w[size_t(r * k + 40)] = what == 0 ? uint8_t(r) : one;
+        if (what == 1) b.scales[size_t(r * 2 + 1)] = uint8_t(r);
+      }
+      const jit::KernelKey key = make_key(v, f, ScaleDtype::bf16, k, 64, 1, group, 2);
+      std::string err;
+      auto kern = jit::global_cache().get(key, &err);
+      ASSERT_TRUE(kern) << err;
+      std::vector<float> x(size_t(k), 0.0f);
+      x[40] = 1.0f;
+      for (int r0 = 0; r0 < 256; r0 += 64) {
+        Bank part = b;  // rows r0..r0+63
+        part.w.assign(b.w.begin() + r0 * k, b.w.begin() + (r0 + 64) * k);
+        part.scales.assign(b.scales.begin() + r0 * 2, b.scales.begin() + (r0 + 64) * 2);
+        const std::vector<float> y = run_kernel(*kern, part, x);
+        for (int i = 0; i < 64; ++i) {
+          const int r = r0 + i;
+          const float elem = f == Format::mxfp8_e4m3 ? fmt::e4m3_to_f32(uint8_t(what == 0 ? r : one))
+                                                     : fmt::e5m2_to_f32(uint8_t(what == 0 ? r : one));
+          const float want = elem * fmt::e8m0_to_f32(uint8_t(what == 1 ? r : 127));
+          const float got = y[size_t(i)];
+          if (std::isnan(want))
+            EXPECT_TRUE(std::isnan(got)) << key.name() << " code " << r << " what " << what;
+          else
+            EXPECT_EQ(got, want) << key.name() << " code " << r << " what " << what;
+        }
+      }
+      ++checked;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "this CPU lacks " << v.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, GemvKernels, ::testing::ValuesIn(kVariants),

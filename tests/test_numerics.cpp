@@ -46,6 +46,8 @@ MoeProblem moe(const char* name, moejit_format fmt, moejit_dtype sdt, int H, int
 
 const auto BF16 = MOEJIT_FORMAT_BF16;
 const auto FP8 = MOEJIT_FORMAT_FP8_BLOCK;
+const auto MX8 = MOEJIT_FORMAT_MXFP8_E4M3;
+const auto MX5 = MOEJIT_FORMAT_MXFP8_E5M2;
 const auto SB = MOEJIT_DTYPE_BF16;
 const auto SF = MOEJIT_DTYPE_F32;
 
@@ -102,9 +104,26 @@ std::vector<MoeProblem> moe_problems() {
           Fill::exact, 14);
   p.max_tokens = 20, p.bias = true, p.out = MOEJIT_DTYPE_F32;
   v.push_back(p);
+  // mxfp8 (e8m0 per 32 along K, one scale row per weight row).
+  p = moe("mx8_swigluoai_H256_I128_E9_k4_il_bias_pad2", MX8, SB, 256, 128, 9, 4, MOEJIT_ACT_SWIGLU_OAI,
+          Fill::exact, 15);
+  p.interleaved = 1, p.bias = true, p.pad = 2, p.limit = 7.0f;
+  v.push_back(p);
+  p = moe("mx5_silu_H2880_I96_E5_k2_f32out", MX5, SB, 2880, 96, 5, 2, MOEJIT_ACT_SILU, Fill::exact, 16);
+  p.out = MOEJIT_DTYPE_F32, p.max_tokens = 4;
+  v.push_back(p);
+  p = moe("mx5_gelu_H96_I64_E4_k2_T20_pad1", MX5, SB, 96, 64, 4, 2, MOEJIT_ACT_GELU, Fill::exact, 17);
+  p.max_tokens = 20, p.pad = 1;
+  v.push_back(p);
   // Full-range random data: pass-1 rounding is propagated into the g bound
   // (looser, still a proof, see numerics_ref.cpp).
   p = moe("random_bf16_silu_H200_I72_E9_k4", BF16, SB, 200, 72, 9, 4, MOEJIT_ACT_SILU, Fill::random, 21);
+  v.push_back(p);
+  p = moe("random_mx8_silu_H192_I64_E6_k3_pad1", MX8, SB, 192, 64, 6, 3, MOEJIT_ACT_SILU, Fill::random, 23);
+  p.pad = 1;
+  v.push_back(p);
+  p = moe("random_mx5_gelutanh_H128_I96_E6_k2", MX5, SB, 128, 96, 6, 2, MOEJIT_ACT_GELU_TANH, Fill::random,
+          24);
   v.push_back(p);
   p = moe("random_fp8bf16_gelu_H256_I128_E8_k4_il_bias_f32out_pad2", FP8, SB, 256, 128, 8, 4, MOEJIT_ACT_GELU,
           Fill::random, 22);

@@ -164,7 +164,12 @@ inline MoeCase field(const std::string& name, std::function<void(moejit_moe_desc
           want, arg};
 }
 
-inline const moejit_format kUnimplemented[] = {
+// Formats without kernels in this build: valid requests are UNSUPPORTED.
+inline const moejit_format kUnimplemented[] = {MOEJIT_FORMAT_NVFP4, MOEJIT_FORMAT_MXFP4, MOEJIT_FORMAT_DS_FP4,
+                                               MOEJIT_FORMAT_Q4_0, MOEJIT_FORMAT_Q8_0};
+// Every format beyond the foundation's two: their argument rules are checked
+// whether or not kernels exist (validity before support).
+inline const moejit_format kBlockFormats[] = {
     MOEJIT_FORMAT_NVFP4, MOEJIT_FORMAT_MXFP4,      MOEJIT_FORMAT_DS_FP4,    MOEJIT_FORMAT_Q4_0,
     MOEJIT_FORMAT_Q8_0,  MOEJIT_FORMAT_MXFP8_E4M3, MOEJIT_FORMAT_MXFP8_E5M2};
 
