@@ -51,7 +51,8 @@ inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
   const bool eight_bit =
       format == 5 /* fp8_block */ || format == 7 /* mxfp8_e4m3 */ || format == 8 /* e5m2 */;
   if (eight_bit && !(flags & kFlagNoVbmi)) return XLayout::bf16_perm64;
-  if (format == 8) return XLayout::f32;  // e5m2 without VBMI: fp16 widening, fp32 FMA
+  if (format == 8) return XLayout::f32;                 // e5m2 without VBMI: fp16 widening, fp32 FMA
+  if (format == 4 || format == 6) return XLayout::f32;  // q4_0, q8_0: integer quants widened to fp32
   return XLayout::bf16;
 }
 inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 ? 4 : 2; }

@@ -22,8 +22,11 @@ constexpr int kBlock = 128;
 // elements per inner block (fp8_block scale block; unrolled chunk otherwise)
 
 bool format_has_jit(Format f) {
-  return f == Format::bf16 || f == Format::fp8_block || f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2;
+  return f == Format::bf16 || f == Format::fp8_block || f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2 ||
+         f == Format::q4_0 || f == Format::q8_0;
 }
+// GGUF blocks: fp16 d followed by the 32 quants, rows are arrays of blocks.
+bool is_gguf(Format f) { return f == Format::q4_0 || f == Format::q8_0; }
 bool is_e4m3(Format f) { return f == Format::fp8_block || f == Format::mxfp8_e4m3; }
 bool is_mx8(Format f) { return f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2; }
 
@@ -43,7 +46,7 @@ TierTraits tier_traits(Isa isa) {
   }
 }
 
-bool scaled_format(Format f) { return f == Format::fp8_block || is_mx8(f); }
+bool scaled_format(Format f) { return f == Format::fp8_block || is_mx8(f) || is_gguf(f); }
 
 // Rows are streamed one at a time, front to back: one sequential stream is what
 // hardware prefetchers follow best (interleaving 8 rows measured up to 2x
@@ -74,7 +77,9 @@ class GemvGenerator : public Generator {
         fma_f32_(x_layout(key.isa, key.format, key.flags) == XLayout::f32),
         vec_elems_(fma_f32_ ? tt_.vec_bytes / 4 : 32),
         step_(vbmi_lut_ ? 64 : vec_elems_),
-        block_(is_mx8(fmt_) ? key.group : kBlock),
+        block_(is_mx8(fmt_)    ? key.group
+               : is_gguf(fmt_) ? 32
+                               : kBlock),
         na_(kSplit),
         sw_prefetch_(streams_with_prefetch(key.format)) {}
 
@@ -155,7 +160,11 @@ class GemvGenerator : public Generator {
   }
 
   void emit_constants() {
-    if (!is_e4m3(fmt_) && !vbmi_lut_) return;  // bf16; e5m2 on the fp16 path needs none
+    if (fmt_ == Format::q4_0) {
+      broadcast_u32(v_c(0), 0x0F, reg_tmp.cvt32());  // nibble mask; the zero point 8 is read from data
+      return;
+    }
+    if (!is_e4m3(fmt_) && !vbmi_lut_) return;  // bf16, q8_0; e5m2 on the fp16 path needs none
     if (vbmi_lut_) {
       // bf16 low and high bytes of e4m3 magnitudes 0..127, and the sign mask.
       vmovdqu8(v_c(0), ptr[rip + l_lut_]);
@@ -176,9 +185,13 @@ class GemvGenerator : public Generator {
 
   void emit_data() {
     const bool blend = is_e4m3(fmt_) && isa_ == Isa::avx512_bf16 && !vbmi_lut_;
-    if (!vbmi_lut_ && !blend && !is_mx8(fmt_)) return;
+    if (!vbmi_lut_ && !blend && !is_mx8(fmt_) && fmt_ != Format::q4_0) return;
     phase("data");
     align(64);
+    if (fmt_ == Format::q4_0) {
+      L(l_q4_zero_);  // 16 dwords of 8
+      for (int i = 0; i < 16; ++i) dd(8);
+    }
     if (is_mx8(fmt_)) {
       L(l_e8m0_);  // fp32 of every e8m0 code: 2^(s-127), s = 0 subnormal, 255 NaN
       for (int i = 0; i < 256; ++i) {
@@ -219,7 +232,7 @@ class GemvGenerator : public Generator {
       mov(reg_kb, nfull);
       L(l_blk);
       emit_block(block_);
-      add(reg_wk, block_ * wbytes_);
+      add(reg_wk, block_bytes());
       add(reg_xk, block_ * xbytes_);
       if (scaled_) add(reg_sk, scale_bytes());
       dec(reg_kb);
@@ -234,7 +247,15 @@ class GemvGenerator : public Generator {
     emit_store();
   }
 
+  // Weight bytes of one scale block (GGUF blocks carry their d inline).
+  int block_bytes() const {
+    if (fmt_ == Format::q8_0) return 34;
+    if (fmt_ == Format::q4_0) return 18;
+    return block_ * wbytes_;
+  }
+
   int scale_bytes() const {
+    if (is_gguf(fmt_)) return 0;
     if (is_mx8(fmt_)) return 1;
     return key_.scale_dtype == 1 ? 4 : 2;
   }
@@ -265,7 +286,8 @@ class GemvGenerator : public Generator {
       // Formats whose decode is heavy need it; bf16 streams faster on the
       // hardware prefetcher alone (measured 67-71% vs 56-60% of the read
       // bandwidth with one thread on Zen 4).
-      if (sw_prefetch_ && (off * wbytes_) % 64 == 0) prefetcht1(ptr[reg_wk + reg_pfd + off * wbytes_]);
+      if (sw_prefetch_ && (is_gguf(fmt_) ? off == 0 : (off * wbytes_) % 64 == 0))
+        prefetcht1(ptr[reg_wk + reg_pfd + (is_gguf(fmt_) ? 0 : off * wbytes_)]);
       if (cnt == step_) phase("decode");
       const int nvec = load_weights(off, cnt);
       if (cnt == step_) phase("fma");
@@ -350,6 +372,22 @@ class GemvGenerator : public Generator {
     if (vbmi_lut_) {  // any 8-bit float: the tables hold its bf16 bytes
       emit_e4m3_lut64(off, partial);
       return 2;
+    }
+    if (fmt_ == Format::q8_0) {  // int8 quants at byte 2 of the block, exact in fp32
+      vpmovsxbd(v_w(), ptr[reg_wk + 2 + off]);
+      vcvtdq2ps(v_w(), v_w());
+      return 1;
+    }
+    if (fmt_ == Format::q4_0) {  // byte j holds element j (low nibble) and j + 16 (high nibble)
+      vpmovzxbd(v_w(), ptr[reg_wk + 2 + (off % 16)]);
+      if (off >= 16) vpsrld(v_w(), v_w(), 4);
+      if (tt_.vec_bytes == 64)
+        vpandd(v_w(), v_w(), v_c(0));
+      else
+        vpand(v_w(), v_w(), v_c(0));
+      vpsubd(v_w(), v_w(), ptr[rip + l_q4_zero_]);
+      vcvtdq2ps(v_w(), v_w());
+      return 1;
     }
     if (fmt_ == Format::mxfp8_e5m2) {  // e5m2 is the high byte of an fp16: (b << 8), vcvtph2ps
       if (isa_ == Isa::avx2) {
@@ -458,7 +496,13 @@ class GemvGenerator : public Generator {
   }
 
   void apply_block_scale() {
-    if (is_mx8(fmt_)) {
+    if (is_gguf(fmt_)) {  // fp16 d at the start of the block
+      const Xmm xs = Xmm(v_scale().getIdx());
+      movzx(reg_tmp.cvt32(), word[reg_wk]);
+      vmovd(xs, reg_tmp.cvt32());
+      vcvtph2ps(xs, xs);
+      vbroadcastss(v_scale(), xs);
+    } else if (is_mx8(fmt_)) {
       movzx(reg_tmp.cvt32(), byte[reg_sk]);
       vbroadcastss(v_scale(), ptr[reg_e8m0 + reg_tmp * 4]);
     } else if (key_.scale_dtype == 1) {
@@ -518,6 +562,7 @@ class GemvGenerator : public Generator {
   Label l_sub_tbl_;
   Label l_lut_;
   Label l_e8m0_;
+  Label l_q4_zero_;
 };
 
 class GeneratedKernel : public Kernel {

@@ -22,29 +22,6 @@ namespace moejit::jit {
 
 namespace {
 
-void append_offset(std::string* out, size_t off) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "  0x%04zx  ", off);
-  *out += buf;
-}
-
-void append_bytes(std::string* out, const uint8_t* p, size_t n, size_t min_width) {
-  static const char kHex[] = "0123456789abcdef";
-  const size_t start = out->size();
-  for (size_t i = 0; i < n; ++i) {
-    *out += kHex[p[i] >> 4];
-    *out += kHex[p[i] & 15];
-    *out += ' ';
-  }
-  while (out->size() - start < min_width) *out += ' ';
-}
-
-// Phases sorted by offset, each one's end the next one's start.
-std::vector<std::pair<size_t, std::string>> sorted_phases(std::vector<std::pair<size_t, std::string>> p) {
-  std::stable_sort(p.begin(), p.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  return p;
-}
-
 bool write_file(const std::string& path, const void* data, size_t size, std::string* err) {
   // Written under a temporary name, then renamed: readers never see half a file.
   static std::atomic<unsigned> seq{0};
@@ -118,6 +95,33 @@ void append_perf_map(const Kernel& k) {
 }  // namespace
 
 #if defined(MOEJIT_HAVE_ZYDIS)
+
+namespace {
+
+void append_offset(std::string* out, size_t off) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "  0x%04zx  ", off);
+  *out += buf;
+}
+
+void append_bytes(std::string* out, const uint8_t* p, size_t n, size_t min_width) {
+  static const char kHex[] = "0123456789abcdef";
+  const size_t start = out->size();
+  for (size_t i = 0; i < n; ++i) {
+    *out += kHex[p[i] >> 4];
+    *out += kHex[p[i] & 15];
+    *out += ' ';
+  }
+  while (out->size() - start < min_width) *out += ' ';
+}
+
+// Phases sorted by offset, each one's end the next one's start.
+std::vector<std::pair<size_t, std::string>> sorted_phases(std::vector<std::pair<size_t, std::string>> p) {
+  std::stable_sort(p.begin(), p.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return p;
+}
+
+}  // namespace
 
 bool disassembler_available() { return true; }
 

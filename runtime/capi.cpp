@@ -31,7 +31,7 @@ constexpr int kMaxThreads = 1024;
 // Formats with generated kernels in this build (others are UNSUPPORTED).
 bool format_implemented(fmt::Format f) {
   return f == fmt::Format::bf16 || f == fmt::Format::fp8_block || f == fmt::Format::mxfp8_e4m3 ||
-         f == fmt::Format::mxfp8_e5m2;
+         f == fmt::Format::mxfp8_e5m2 || f == fmt::Format::q4_0 || f == fmt::Format::q8_0;
 }
 
 // Formats whose kernels bake the scale row stride (one scale row per weight row).
@@ -54,6 +54,17 @@ bool check_struct_size(const char* fn, const char* what, const void* desc, uint3
     }
   }
   return true;
+}
+
+// A C caller may store any int in an enum field; loading such a value as the C++
+// enum type is undefined behaviour (UBSan -fsanitize=enum), so enum fields are
+// read as int32_t until they are validated.
+template <class E>
+int32_t raw_enum(const E& field) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums are int-sized");
+  int32_t v;
+  std::memcpy(&v, &field, sizeof(v));
+  return v;
 }
 
 moejit_status internal_error(const char* fn) {
@@ -198,9 +209,9 @@ moejit_status context_create(const moejit_context_desc* desc, moejit_context** o
   if (desc->num_cpu_ids > 0 && !desc->cpu_ids)
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->cpu_ids is NULL but desc->num_cpu_ids = %d",
                 desc->num_cpu_ids);
-  if (int(desc->max_isa) < MOEJIT_ISA_AUTO || int(desc->max_isa) > MOEJIT_ISA_AVX512_BF16)
+  if (raw_enum(desc->max_isa) < MOEJIT_ISA_AUTO || raw_enum(desc->max_isa) > MOEJIT_ISA_AVX512_BF16)
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->max_isa = %d is not a known tier (0..4)",
-                int(desc->max_isa));
+                raw_enum(desc->max_isa));
   if (desc->flags & ~MOEJIT_CONTEXT_NO_DEDUP)
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->flags = 0x%x has unknown bits 0x%x", desc->flags,
                 desc->flags & ~MOEJIT_CONTEXT_NO_DEDUP);
@@ -256,7 +267,7 @@ moejit_status moe_create(moejit_context* ctx, const moejit_moe_desc* d, moejit_m
   if (!d) return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc is NULL");
   moejit_status st = MOEJIT_OK;
   if (!check_struct_size(fn, "desc", d, d->struct_size, sizeof(moejit_moe_desc), &st)) return st;
-  if (!check_format_args(fn, {int32_t(d->format), int32_t(d->scale_dtype), d->group_size}, &st)) return st;
+  if (!check_format_args(fn, {raw_enum(d->format), raw_enum(d->scale_dtype), d->group_size}, &st)) return st;
   const auto f = static_cast<fmt::Format>(d->format);
   const int32_t group = fmt::default_group(f, d->group_size);
   struct {
@@ -274,9 +285,9 @@ moejit_status moe_create(moejit_context* ctx, const moejit_moe_desc* d, moejit_m
   if (int64_t(d->max_tokens) * d->top_k > (int64_t(1) << 24))
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->max_tokens = %d times top_k = %d is too large",
                 d->max_tokens, d->top_k);
-  if (int(d->activation) < MOEJIT_ACT_SILU || int(d->activation) > MOEJIT_ACT_SWIGLU_CLAMP)
+  if (raw_enum(d->activation) < MOEJIT_ACT_SILU || raw_enum(d->activation) > MOEJIT_ACT_SWIGLU_CLAMP)
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->activation = %d is not a known activation (0..4)",
-                int(d->activation));
+                raw_enum(d->activation));
   if (!std::isfinite(d->swiglu_alpha))
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->swiglu_alpha = %g must be finite",
                 double(d->swiglu_alpha));
@@ -289,9 +300,9 @@ moejit_status moe_create(moejit_context* ctx, const moejit_moe_desc* d, moejit_m
   if (d->router_weight_on_input != 0 && d->router_weight_on_input != 1)
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->router_weight_on_input = %d must be 0 or 1",
                 d->router_weight_on_input);
-  if (d->output_dtype != MOEJIT_DTYPE_BF16 && d->output_dtype != MOEJIT_DTYPE_F32)
+  if (raw_enum(d->output_dtype) != MOEJIT_DTYPE_BF16 && raw_enum(d->output_dtype) != MOEJIT_DTYPE_F32)
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->output_dtype = %d must be 0 (bf16) or 1 (f32)",
-                int(d->output_dtype));
+                raw_enum(d->output_dtype));
   if (!check_k(fn, "desc->hidden", f, group, d->hidden, &st)) return st;
   if (!check_k(fn, "desc->intermediate", f, group, d->intermediate, &st)) return st;
   // Bytes of one expert must be addressable (rows * row bytes in int64 without overflow).
@@ -387,7 +398,7 @@ moejit_status linear_create(moejit_context* ctx, const moejit_linear_desc* d, mo
   if (!d) return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc is NULL");
   moejit_status st = MOEJIT_OK;
   if (!check_struct_size(fn, "desc", d, d->struct_size, sizeof(moejit_linear_desc), &st)) return st;
-  if (!check_format_args(fn, {int32_t(d->format), int32_t(d->scale_dtype), d->group_size}, &st)) return st;
+  if (!check_format_args(fn, {raw_enum(d->format), raw_enum(d->scale_dtype), d->group_size}, &st)) return st;
   const auto f = static_cast<fmt::Format>(d->format);
   const int32_t group = fmt::default_group(f, d->group_size);
   if (d->rows < 1) return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->rows = %d must be >= 1", d->rows);
@@ -396,9 +407,9 @@ moejit_status linear_create(moejit_context* ctx, const moejit_linear_desc* d, mo
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->max_tokens = %d must be >= 1", d->max_tokens);
   if (d->max_tokens > (1 << 20))
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->max_tokens = %d is too large", d->max_tokens);
-  if (d->output_dtype != MOEJIT_DTYPE_BF16 && d->output_dtype != MOEJIT_DTYPE_F32)
+  if (raw_enum(d->output_dtype) != MOEJIT_DTYPE_BF16 && raw_enum(d->output_dtype) != MOEJIT_DTYPE_F32)
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->output_dtype = %d must be 0 (bf16) or 1 (f32)",
-                int(d->output_dtype));
+                raw_enum(d->output_dtype));
   if (!check_k(fn, "desc->cols", f, group, d->cols, &st)) return st;
   if (!check_matrix(fn, "desc->weight", d->weight, f, group, d->rows, d->cols, &st)) return st;
   if (!format_implemented(f))

@@ -111,6 +111,25 @@ Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64
                                              : random_bf16(rng, -10, 0);
       std::memcpy(&m.data[size_t(i * 2)], &v, 2);
     }
+  } else if (fmt == MOEJIT_FORMAT_Q4_0 || fmt == MOEJIT_FORMAT_Q8_0) {
+    // GGUF blocks of 32: fp16 d, then 16 bytes of nibbles (q4_0) or 32 int8 (q8_0).
+    const int64_t bb = fmt == MOEJIT_FORMAT_Q4_0 ? 18 : 34;
+    m.data.resize(size_t(rows * (k / 32) * bb));
+    for (size_t blk = 0; blk < m.data.size() / size_t(bb); ++blk) {
+      uint8_t* p = &m.data[blk * size_t(bb)];
+      // exact: d = 2^-1..2^-3, |q| <= 8; random: any finite d of moderate size, any quant
+      const uint16_t d =
+          fill == Fill::exact
+              ? uint16_t((15 - rng.uniform(1, 3)) << 10)
+              : uint16_t((rng.chance(0.5) ? 0x8000 : 0) | (rng.uniform(8, 16) << 10) | rng.uniform(0, 1023));
+      std::memcpy(p, &d, 2);
+      for (int64_t i = 2; i < bb; ++i) {
+        if (fmt == MOEJIT_FORMAT_Q8_0)
+          p[i] = fill == Fill::exact ? uint8_t(int8_t(rng.uniform(-8, 8))) : uint8_t(rng.next());
+        else
+          p[i] = uint8_t(rng.next());
+      }
+    }
   } else if (fmt == MOEJIT_FORMAT_MXFP8_E4M3 || fmt == MOEJIT_FORMAT_MXFP8_E5M2) {
     // One e8m0 scale per 32 elements of each row (group 32, the default).
     const bool e5 = fmt == MOEJIT_FORMAT_MXFP8_E5M2;

@@ -80,6 +80,14 @@ Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, std::mt19937& 
   for (size_t i = 0; i < b.w.size(); ++i) b.w[i] = uint8_t(rng());
   if (f == Format::bf16)  // finite bf16 values in a sane range
     for (size_t i = 1; i < b.w.size(); i += 2) b.w[i] = uint8_t((rng() & 0x80) | (0x3A + rng() % 6));
+  if (f == Format::q4_0 || f == Format::q8_0) {  // finite fp16 d at the start of every block
+    const int bb = f == Format::q4_0 ? 18 : 34;
+    for (size_t blk = 0; blk < b.w.size() / size_t(bb); ++blk) {
+      const uint16_t d = uint16_t((rng() & 0x8000) | ((10 + rng() % 8) << 10) | (rng() & 0x3FF));
+      b.w[blk * size_t(bb)] = uint8_t(d & 0xFF);
+      b.w[blk * size_t(bb) + 1] = uint8_t(d >> 8);
+    }
+  }
   if (f == Format::mxfp8_e5m2)  // finite codes only here (inf/NaN codes have their own test)
     for (auto& w : b.w)
       if ((w & 0x7C) == 0x7C) w &= 0xBB;
@@ -255,6 +263,48 @@ TEST_P(GemvKernels, Mxfp8MatchFloat64Reference) {
               }
             ++checked;
           }
+        }
+      }
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "this CPU lacks " << v.name;
+}
+
+// GGUF q4_0 / q8_0 blocks (unaligned 18- and 34-byte blocks, fp16 d inline).
+TEST_P(GemvKernels, GgufMatchFloat64Reference) {
+  const Variant v = GetParam();
+  if (v.flags) GTEST_SKIP() << "no VBMI variant for integer formats";
+  std::mt19937 rng(11);
+  int checked = 0;
+  for (Format f : {Format::q4_0, Format::q8_0}) {
+    if (!variant_available(v, f)) continue;
+    for (int k : {32, 96, 2880}) {
+      for (int rows : {1, 7, 16}) {
+        for (int tokens : {1, 2, 4}) {
+          if (tokens > jit::max_tokens_per_call(v.isa, int32_t(f))) continue;
+          Bank b = make_bank(f, ScaleDtype::bf16, rows, k, rng, 32);
+          jit::KernelKey key = make_key(v, f, ScaleDtype::bf16, k, rows, tokens);
+          key.group = 32;
+          std::string err;
+          auto kern = jit::global_cache().get(key, &err);
+          ASSERT_TRUE(kern) << key.name() << ": " << err;
+          std::vector<float> x(size_t(tokens) * size_t(k));
+          for (float& e : x) e = fmt::round_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
+          const std::vector<float> y = run_kernel(*kern, b, x);
+          for (int m = 0; m < tokens; ++m)
+            for (int r = 0; r < rows; ++r) {
+              double ref = 0.0, mag = 0.0;
+              for (int kk = 0; kk < k; ++kk) {
+                const double p =
+                    fmt::weight(b.layout, b.ref(), r, kk) * double(x[size_t(m) * size_t(k) + size_t(kk)]);
+                ref += p;
+                mag += std::fabs(p);
+              }
+              const double got = y[size_t(m) * size_t(rows) + size_t(r)];
+              ASSERT_LE(std::fabs(got - ref), std::ldexp(1.0, -24) * (k + 64) * mag)
+                  << key.name() << " token " << m << " row " << r << " got " << got << " want " << ref;
+            }
+          ++checked;
         }
       }
     }

@@ -48,6 +48,8 @@ const auto BF16 = MOEJIT_FORMAT_BF16;
 const auto FP8 = MOEJIT_FORMAT_FP8_BLOCK;
 const auto MX8 = MOEJIT_FORMAT_MXFP8_E4M3;
 const auto MX5 = MOEJIT_FORMAT_MXFP8_E5M2;
+const auto Q40 = MOEJIT_FORMAT_Q4_0;
+const auto Q80 = MOEJIT_FORMAT_Q8_0;
 const auto SB = MOEJIT_DTYPE_BF16;
 const auto SF = MOEJIT_DTYPE_F32;
 
@@ -114,6 +116,17 @@ std::vector<MoeProblem> moe_problems() {
   v.push_back(p);
   p = moe("mx5_gelu_H96_I64_E4_k2_T20_pad1", MX5, SB, 96, 64, 4, 2, MOEJIT_ACT_GELU, Fill::exact, 17);
   p.max_tokens = 20, p.pad = 1;
+  v.push_back(p);
+  // GGUF q4_0 / q8_0 (fp16 d inline, unaligned blocks).
+  p = moe("q4_0_silu_H256_I96_E8_k3_bias", Q40, SB, 256, 96, 8, 3, MOEJIT_ACT_SILU, Fill::exact, 18);
+  p.bias = true;
+  v.push_back(p);
+  p = moe("q8_0_swigluoai_H2880_I64_E4_k2_il_f32out", Q80, SB, 2880, 64, 4, 2, MOEJIT_ACT_SWIGLU_OAI,
+          Fill::exact, 19);
+  p.interleaved = 1, p.out = MOEJIT_DTYPE_F32, p.max_tokens = 3;
+  v.push_back(p);
+  p = moe("q8_0_gelu_H96_I64_E4_k2_T20", Q80, SB, 96, 64, 4, 2, MOEJIT_ACT_GELU, Fill::exact, 20);
+  p.max_tokens = 20;
   v.push_back(p);
   // Full-range random data: pass-1 rounding is propagated into the g bound
   // (looser, still a proof, see numerics_ref.cpp).
