@@ -641,10 +641,13 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
 std::shared_ptr<const Kernel> generate_gemv(const KernelKey& key, std::string* err) {
   if (!gemv_supported(key, err)) return nullptr;
   Xbyak::ClearError();
-  std::unique_ptr<GemvGenerator> gen(new (std::nothrow) GemvGenerator(key));
-  if (!gen) {
-    *err = "out of memory";
-    return nullptr;
+  // Allocation failures (the generator object, Xbyak's code buffer) throw
+  // std::bad_alloc, which the C API reports as MOEJIT_OUT_OF_MEMORY; other
+  // generation failures return nullptr with a reason.
+  std::unique_ptr<GemvGenerator> gen(new GemvGenerator(key));
+  if (Xbyak::GetError() == Xbyak::ERR_CANT_ALLOC) {
+    Xbyak::ClearError();
+    throw std::bad_alloc();
   }
   if (!gen->generate(err)) return nullptr;
   return std::make_shared<GeneratedKernel>(std::move(gen));

@@ -1,10 +1,16 @@
 #include "jit/generator.h"
 
+#include <new>
+
 namespace moejit::jit {
 
 bool Generator::finalize(std::string* err) {
   if (Xbyak::GetError() == 0) ready(PROTECT_RE);
   const int e = Xbyak::GetError();
+  if (e == Xbyak::ERR_CANT_ALLOC) {
+    Xbyak::ClearError();
+    throw std::bad_alloc();
+  }
   if (e != 0) {
     *err = std::string("code generation failed: ") + Xbyak::ConvertErrorToString(e);
     Xbyak::ClearError();

@@ -401,8 +401,10 @@ TEST(KernelCache, SharesAndReleases) {
   ASSERT_TRUE(a && b) << err;
   EXPECT_EQ(a.get(), b.get());
   EXPECT_EQ(cache.generated_count(), 1u);
+  EXPECT_EQ(cache.size(), 1u);
   a.reset();
-  b.reset();  // last user gone: the code is released and generated again on demand
+  b.reset();  // last user gone: the code is released, the entry dropped, generated again on demand
+  EXPECT_EQ(cache.size(), 0u);
   auto c = cache.get(key, &err);
   ASSERT_TRUE(c);
   EXPECT_EQ(cache.generated_count(), 2u);
