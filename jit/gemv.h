@@ -41,12 +41,15 @@ inline int64_t x_stride(int64_t k) { return (k + 63) / 64 * 64; }
 
 // How a kernel wants its activations laid out.
 enum class XLayout {
-  f32,          // fp32, natural order (avx2, avx512)
-  bf16,         // bf16 pairs, natural order (avx512_bf16)
-  bf16_perm64,  // bf16; inside each 64-element chunk, elements 16L+0..7 (L = 0..3) come first, then
-                // 16L+8..15: the order in which the byte-table e4m3 decode unpacks weights
+  f32,             // fp32, natural order (avx2, avx512)
+  bf16,            // bf16 pairs, natural order (avx512_bf16)
+  bf16_perm64,     // bf16; inside each 64-element chunk, elements 16L+0..7 (L = 0..3) come first, then
+                   // 16L+8..15: the order in which the byte-table e4m3 decode unpacks weights
+  f32_evens_odds,  // fp32; inside each group of 2V elements (V = vector lanes) the even elements
+                   // come first, then the odd ones: the order of the low and high e2m1 nibbles
 };
 inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
+  if (format == 2 /* mxfp4 */) return XLayout::f32_evens_odds;
   if (isa != Isa::avx512_bf16) return XLayout::f32;
   const bool eight_bit =
       format == 5 /* fp8_block */ || format == 7 /* mxfp8_e4m3 */ || format == 8 /* e5m2 */;
@@ -55,8 +58,14 @@ inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
   if (format == 4 || format == 6) return XLayout::f32;  // q4_0, q8_0: integer quants widened to fp32
   return XLayout::bf16;
 }
-inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 ? 4 : 2; }
-inline int64_t x_position(XLayout l, int64_t k) {
+inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 || l == XLayout::f32_evens_odds ? 4 : 2; }
+// Vector lanes of fp32 activations on a tier (the evens/odds group is twice this).
+inline int64_t f32_lanes(Isa isa) { return isa == Isa::avx2 ? 8 : 16; }
+inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
+  if (l == XLayout::f32_evens_odds) {
+    const int64_t g = 2 * f32_lanes(isa), r = k % g;
+    return (k - r) + (r % 2 ? g / 2 : 0) + r / 2;
+  }
   if (l != XLayout::bf16_perm64) return k;
   const int64_t r = k & 63, lane = r >> 4, j = r & 15;
   return (k - r) + (j < 8 ? lane * 8 + j : 32 + lane * 8 + (j - 8));

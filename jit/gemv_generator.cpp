@@ -23,12 +23,14 @@ constexpr int kBlock = 128;
 
 bool format_has_jit(Format f) {
   return f == Format::bf16 || f == Format::fp8_block || f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2 ||
-         f == Format::q4_0 || f == Format::q8_0;
+         f == Format::q4_0 || f == Format::q8_0 || f == Format::mxfp4;
 }
 // GGUF blocks: fp16 d followed by the 32 quants, rows are arrays of blocks.
 bool is_gguf(Format f) { return f == Format::q4_0 || f == Format::q8_0; }
 bool is_e4m3(Format f) { return f == Format::fp8_block || f == Format::mxfp8_e4m3; }
 bool is_mx8(Format f) { return f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2; }
+// One e8m0 scale per group along each row.
+bool e8m0_scales(Format f) { return is_mx8(f) || f == Format::mxfp4; }
 
 struct TierTraits {
   int vec_bytes;  // 32 (ymm) or 64 (zmm)
@@ -46,7 +48,7 @@ TierTraits tier_traits(Isa isa) {
   }
 }
 
-bool scaled_format(Format f) { return f == Format::fp8_block || is_mx8(f) || is_gguf(f); }
+bool scaled_format(Format f) { return f == Format::fp8_block || e8m0_scales(f) || is_gguf(f); }
 
 // Rows are streamed one at a time, front to back: one sequential stream is what
 // hardware prefetchers follow best (interleaving 8 rows measured up to 2x
@@ -74,12 +76,12 @@ class GemvGenerator : public Generator {
         row_bytes_(formats::row_bytes(fmt_, key.k)),
         xstride_bytes_(x_stride(key.k) * int64_t(x_elem_bytes(x_layout(key.isa, key.format, key.flags)))),
         vbmi_lut_(x_layout(key.isa, key.format, key.flags) == XLayout::bf16_perm64),
-        fma_f32_(x_layout(key.isa, key.format, key.flags) == XLayout::f32),
+        fma_f32_(x_elem_bytes(x_layout(key.isa, key.format, key.flags)) == 4),
         vec_elems_(fma_f32_ ? tt_.vec_bytes / 4 : 32),
-        step_(vbmi_lut_ ? 64 : vec_elems_),
-        block_(is_mx8(fmt_)    ? key.group
-               : is_gguf(fmt_) ? 32
-                               : kBlock),
+        step_(vbmi_lut_ || key.format == int32_t(Format::mxfp4) ? 2 * vec_elems_ : vec_elems_),
+        block_(is_mx8(fmt_) || fmt_ == Format::mxfp4 ? key.group
+               : is_gguf(fmt_)                       ? 32
+                                                     : kBlock),
         na_(kSplit),
         sw_prefetch_(streams_with_prefetch(key.format)) {}
 
@@ -128,7 +130,7 @@ class GemvGenerator : public Generator {
     mov(reg_pfd, ptr[reg_args + offsetof(GemvArgs, w_prefetch)]);
     sub(reg_pfd, reg_wt);
     mov(reg_s0, ptr[reg_args + offsetof(GemvArgs, scales)]);
-    if (is_mx8(fmt_)) lea(reg_e8m0, ptr[rip + l_e8m0_]);
+    if (e8m0_scales(fmt_)) lea(reg_e8m0, ptr[rip + l_e8m0_]);
     mov(reg_x0, ptr[reg_args + offsetof(GemvArgs, x)]);
     mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
     emit_constants();
@@ -144,7 +146,7 @@ class GemvGenerator : public Generator {
     L(l_row);
     emit_row();
     add(reg_wt, row_bytes_);
-    if (is_mx8(fmt_)) add(reg_s0, key_.scale_stride);  // one e8m0 scale row per weight row
+    if (e8m0_scales(fmt_)) add(reg_s0, key_.scale_stride);  // one e8m0 scale row per weight row
     add(reg_y, 4);
     dec(reg_rows);
     jnz(l_row, T_NEAR);
@@ -160,8 +162,8 @@ class GemvGenerator : public Generator {
   }
 
   void emit_constants() {
-    if (fmt_ == Format::q4_0) {
-      broadcast_u32(v_c(0), 0x0F, reg_tmp.cvt32());  // nibble mask; the zero point 8 is read from data
+    if (fmt_ == Format::q4_0 || fmt_ == Format::mxfp4) {
+      broadcast_u32(v_c(0), 0x0F, reg_tmp.cvt32());  // nibble mask; other constants are read from data
       return;
     }
     if (!is_e4m3(fmt_) && !vbmi_lut_) return;  // bf16, q8_0; e5m2 on the fp16 path needs none
@@ -185,14 +187,25 @@ class GemvGenerator : public Generator {
 
   void emit_data() {
     const bool blend = is_e4m3(fmt_) && isa_ == Isa::avx512_bf16 && !vbmi_lut_;
-    if (!vbmi_lut_ && !blend && !is_mx8(fmt_) && fmt_ != Format::q4_0) return;
+    if (!vbmi_lut_ && !blend && !e8m0_scales(fmt_) && fmt_ != Format::q4_0) return;
     phase("data");
     align(64);
     if (fmt_ == Format::q4_0) {
       L(l_q4_zero_);  // 16 dwords of 8
       for (int i = 0; i < 16; ++i) dd(8);
     }
-    if (is_mx8(fmt_)) {
+    if (fmt_ == Format::mxfp4) {
+      L(l_e2m1_);  // fp32 of the 16 e2m1 codes, then 8 dwords of the sign bit 8 (avx2)
+      for (int i = 0; i < 16; ++i) {
+        const float f = formats::e2m1_to_f32(uint8_t(i));
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        dd(u);
+      }
+      L(l_e2m1_sign_);
+      for (int i = 0; i < 8; ++i) dd(8);
+    }
+    if (e8m0_scales(fmt_)) {
       L(l_e8m0_);  // fp32 of every e8m0 code: 2^(s-127), s = 0 subnormal, 255 NaN
       for (int i = 0; i < 256; ++i) {
         const float f = formats::e8m0_to_f32(uint8_t(i));
@@ -249,6 +262,7 @@ class GemvGenerator : public Generator {
 
   // Weight bytes of one scale block (GGUF blocks carry their d inline).
   int block_bytes() const {
+    if (fmt_ == Format::mxfp4) return block_ / 2;
     if (fmt_ == Format::q8_0) return 34;
     if (fmt_ == Format::q4_0) return 18;
     return block_ * wbytes_;
@@ -256,7 +270,7 @@ class GemvGenerator : public Generator {
 
   int scale_bytes() const {
     if (is_gguf(fmt_)) return 0;
-    if (is_mx8(fmt_)) return 1;
+    if (e8m0_scales(fmt_)) return 1;
     return key_.scale_dtype == 1 ? 4 : 2;
   }
 
@@ -377,6 +391,27 @@ class GemvGenerator : public Generator {
       vpmovsxbd(v_w(), ptr[reg_wk + 2 + off]);
       vcvtdq2ps(v_w(), v_w());
       return 1;
+    }
+    if (fmt_ == Format::mxfp4) {  // e2m1 pairs, low nibble = even k; activations: evens then odds
+      const Xmm lo = v_w(0), hi = v_w(1), t = v_t(0);
+      vpmovzxbd(t, ptr[reg_wk + off / 2]);
+      vpsrld(hi, t, 4);
+      if (tt_.vec_bytes == 64) {
+        vpandd(lo, t, v_c(0));
+        vpermps(Zmm(lo.getIdx()), Zmm(lo.getIdx()),
+                ptr[rip + l_e2m1_]);  // 16 entries: the index carries the sign
+        vpermps(Zmm(hi.getIdx()), Zmm(hi.getIdx()), ptr[rip + l_e2m1_]);
+      } else {  // 8-entry vpermps: magnitude from the table, sign bit 3 moved to bit 31
+        const Xmm s = v_t(1);
+        vpand(lo, t, v_c(0));
+        for (const Xmm& w : {lo, hi}) {
+          vpand(s, w, ptr[rip + l_e2m1_sign_]);
+          vpslld(s, s, 28);
+          vpermps(Ymm(w.getIdx()), Ymm(w.getIdx()), ptr[rip + l_e2m1_]);
+          vorps(w, w, s);
+        }
+      }
+      return 2;
     }
     if (fmt_ == Format::q4_0) {  // byte j holds element j (low nibble) and j + 16 (high nibble)
       vpmovzxbd(v_w(), ptr[reg_wk + 2 + (off % 16)]);
@@ -502,7 +537,7 @@ class GemvGenerator : public Generator {
       vmovd(xs, reg_tmp.cvt32());
       vcvtph2ps(xs, xs);
       vbroadcastss(v_scale(), xs);
-    } else if (is_mx8(fmt_)) {
+    } else if (e8m0_scales(fmt_)) {
       movzx(reg_tmp.cvt32(), byte[reg_sk]);
       vbroadcastss(v_scale(), ptr[reg_e8m0 + reg_tmp * 4]);
     } else if (key_.scale_dtype == 1) {
@@ -563,6 +598,8 @@ class GemvGenerator : public Generator {
   Label l_lut_;
   Label l_e8m0_;
   Label l_q4_zero_;
+  Label l_e2m1_;
+  Label l_e2m1_sign_;
 };
 
 class GeneratedKernel : public Kernel {
@@ -621,6 +658,10 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
   }
   if (x_layout(key.isa, key.format, key.flags) == XLayout::bf16_perm64 && !host_features().avx512_vbmi) {
     *why = "this CPU lacks AVX512_VBMI for the byte-table e4m3 decode";
+    return false;
+  }
+  if (f == Format::mxfp4 && key.group != 32) {
+    *why = "mxfp4 groups are 32";
     return false;
   }
   if (is_mx8(f) && key.group != 32 && key.group != 64 && key.group != 128) {

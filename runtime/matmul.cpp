@@ -23,6 +23,8 @@ void Matmul::init(jit::Isa isa, const formats::Layout& layout, uint32_t flags) {
     flags_ |= jit::kFlagNoVbmi;
 #endif
   xlayout_ = isa == jit::Isa::scalar ? jit::XLayout::f32 : jit::x_layout(isa, int32_t(layout.format), flags_);
+  // mxfp4 groups are 32 whatever the API's group_size says (ignored for it).
+  if (layout.format == Format::mxfp4) layout_.group = 32;
 }
 
 void Matmul::x_prepare(void* vec, const uint16_t* src) const {
@@ -32,6 +34,10 @@ void Matmul::x_prepare(void* vec, const uint16_t* src) const {
       for (int64_t i = 0; i < k; ++i) static_cast<float*>(vec)[i] = formats::bf16_to_f32(src[i]);
       break;
     case jit::XLayout::bf16: std::memcpy(vec, src, size_t(k) * 2); break;
+    case jit::XLayout::f32_evens_odds:
+      for (int64_t i = 0; i < k; ++i)
+        static_cast<float*>(vec)[jit::x_position(xlayout_, i, isa_)] = formats::bf16_to_f32(src[i]);
+      break;
     case jit::XLayout::bf16_perm64:
       for (int64_t i = 0; i < k; ++i) static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, i)] = src[i];
       break;

@@ -49,6 +49,8 @@ class Matmul {
   void x_store(void* vec, int64_t k, float v) const {
     if (xlayout_ == jit::XLayout::f32)
       static_cast<float*>(vec)[k] = v;
+    else if (xlayout_ == jit::XLayout::f32_evens_odds)
+      static_cast<float*>(vec)[jit::x_position(xlayout_, k, isa_)] = v;
     else
       static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, k)] = formats::f32_to_bf16(v);
   }

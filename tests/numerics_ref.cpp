@@ -130,12 +130,16 @@ Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64
           p[i] = uint8_t(rng.next());
       }
     }
-  } else if (fmt == MOEJIT_FORMAT_MXFP8_E4M3 || fmt == MOEJIT_FORMAT_MXFP8_E5M2) {
+  } else if (fmt == MOEJIT_FORMAT_MXFP8_E4M3 || fmt == MOEJIT_FORMAT_MXFP8_E5M2 ||
+             fmt == MOEJIT_FORMAT_MXFP4) {
     // One e8m0 scale per 32 elements of each row (group 32, the default).
     const bool e5 = fmt == MOEJIT_FORMAT_MXFP8_E5M2;
-    m.data.resize(size_t(rows * k));
+    const bool fp4 = fmt == MOEJIT_FORMAT_MXFP4;
+    m.data.resize(size_t(rows * (fp4 ? k / 2 : k)));
     for (auto& b : m.data) {
-      if (!e5) {
+      if (fp4) {
+        b = uint8_t(rng.next());  // every e2m1 pair is exact in fp32 products
+      } else if (!e5) {
         b = fill == Fill::exact ? exact_e4m3_code(rng) : uint8_t(rng.next());
       } else if (fill == Fill::exact) {  // exponent field 13..16 (2^-2..2^1), or zero
         b = rng.chance(0.1)

@@ -51,6 +51,8 @@ std::vector<uint8_t> prepare_x(const jit::KernelKey& key, const std::vector<floa
       const float v = x[size_t(m) * size_t(key.k) + size_t(k)];
       if (lay == jit::XLayout::f32)
         reinterpret_cast<float*>(buf.data())[m * xs + k] = v;
+      else if (lay == jit::XLayout::f32_evens_odds)
+        reinterpret_cast<float*>(buf.data())[m * xs + jit::x_position(lay, k, key.isa)] = v;
       else
         reinterpret_cast<uint16_t*>(buf.data())[m * xs + jit::x_position(lay, k)] = fmt::f32_to_bf16(v);
     }
@@ -65,7 +67,7 @@ struct Bank {
 };
 
 // Random bank with padded, NaN-poisoned scale rows.
-bool is_mx8(Format f) { return f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2; }
+bool is_mx8(Format f) { return f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2 || f == Format::mxfp4; }
 
 Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, std::mt19937& rng, int group = 128) {
   Bank b;
@@ -142,7 +144,7 @@ jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k, int r
   key.scale_dtype = f == Format::fp8_block ? int32_t(sdt) : 0;
   key.isa = v.isa;
   key.flags = v.flags;
-  if (is_mx8(f) && group < 64 && v.isa == jit::Isa::avx512_bf16)
+  if (f != Format::mxfp4 && is_mx8(f) && group < 64 && v.isa == jit::Isa::avx512_bf16)
     key.flags |= jit::kFlagNoVbmi;  // as the runtime does: the tables need 64-element chunks
   return key;
 }
@@ -232,9 +234,10 @@ TEST_P(GemvKernels, Mxfp8MatchFloat64Reference) {
   const Variant v = GetParam();
   std::mt19937 rng(5);
   int checked = 0;
-  for (Format f : {Format::mxfp8_e4m3, Format::mxfp8_e5m2}) {
+  for (Format f : {Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxfp4}) {
     if (!variant_available(v, f)) continue;
     for (int group : {32, 64, 128}) {
+      if (f == Format::mxfp4 && group != 32) continue;
       for (int k : {group, 3 * group, 2880 / group * group}) {
         for (int rows : {1, 5, 16}) {
           for (int tokens : {1, 3}) {

@@ -49,6 +49,7 @@ const auto FP8 = MOEJIT_FORMAT_FP8_BLOCK;
 const auto MX8 = MOEJIT_FORMAT_MXFP8_E4M3;
 const auto MX5 = MOEJIT_FORMAT_MXFP8_E5M2;
 const auto Q40 = MOEJIT_FORMAT_Q4_0;
+const auto MF4 = MOEJIT_FORMAT_MXFP4;
 const auto Q80 = MOEJIT_FORMAT_Q8_0;
 const auto SB = MOEJIT_DTYPE_BF16;
 const auto SF = MOEJIT_DTYPE_F32;
@@ -115,6 +116,14 @@ std::vector<MoeProblem> moe_problems() {
   p.out = MOEJIT_DTYPE_F32, p.max_tokens = 4;
   v.push_back(p);
   p = moe("mx5_gelu_H96_I64_E4_k2_T20_pad1", MX5, SB, 96, 64, 4, 2, MOEJIT_ACT_GELU, Fill::exact, 17);
+  p.max_tokens = 20, p.pad = 1;
+  v.push_back(p);
+  // mxfp4 as gpt-oss stores it: interleaved gate/up, biases, swiglu_oai (alpha 1.702, limit 7).
+  p = moe("mxfp4_gptoss_H2880_I256_E4_k2_il_bias_L7", MF4, SB, 2880, 256, 4, 2, MOEJIT_ACT_SWIGLU_OAI,
+          Fill::exact, 27);
+  p.interleaved = 1, p.bias = true, p.limit = 7.0f, p.max_tokens = 3;
+  v.push_back(p);
+  p = moe("mxfp4_silu_H96_I64_E4_k2_T20_pad1", MF4, SB, 96, 64, 4, 2, MOEJIT_ACT_SILU, Fill::exact, 28);
   p.max_tokens = 20, p.pad = 1;
   v.push_back(p);
   // GGUF q4_0 / q8_0 (fp16 d inline, unaligned blocks).
