@@ -42,11 +42,15 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   m->gu_bias_.resize(size_t(E));
   m->dn_bias_.resize(size_t(E));
   for (int64_t e = 0; e < E; ++e) {
-    m->gu_[size_t(e)] = {gate_up[e].data, gate_up[e].scales, gate_up[e].row_scales,
-                         m->mm_gu_.layout().scale_stride};
-    m->dn_[size_t(e)] = {down[e].data, down[e].scales, down[e].row_scales, m->mm_dn_.layout().scale_stride};
-    if (gate_up[e].scale_row_stride > 0) m->gu_[size_t(e)].scale_stride = gate_up[e].scale_row_stride;
-    if (down[e].scale_row_stride > 0) m->dn_[size_t(e)].scale_stride = down[e].scale_row_stride;
+    // Each expert's own stride: explicit, or dense (0) for its own scale tensor.
+    const formats::Layout& lg = m->mm_gu_.layout();
+    const formats::Layout& ld = m->mm_dn_.layout();
+    const int64_t sg = gate_up[e].scale_row_stride > 0 ? gate_up[e].scale_row_stride
+                                                        : formats::scale_cols(lg.format, lg.group, lg.k);
+    const int64_t sd =
+        down[e].scale_row_stride > 0 ? down[e].scale_row_stride : formats::scale_cols(ld.format, ld.group, ld.k);
+    m->gu_[size_t(e)] = {gate_up[e].data, gate_up[e].scales, gate_up[e].row_scales, sg};
+    m->dn_[size_t(e)] = {down[e].data, down[e].scales, down[e].row_scales, sd};
     m->gu_bias_[size_t(e)] = gate_up[e].bias;
     m->dn_bias_[size_t(e)] = down[e].bias;
   }
