@@ -134,6 +134,7 @@ class GemvGenerator : public Generator {
     mov(reg_x0, ptr[reg_args + offsetof(GemvArgs, x)]);
     mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
     emit_constants();
+    if (fmt_ == Format::fp8_block) emit_scales_to_stack();
 
     if (!sw_prefetch_) {
       // No stream prefetch: only start the next call's stream early, so the
@@ -152,6 +153,7 @@ class GemvGenerator : public Generator {
     jnz(l_row, T_NEAR);
 
     phase("epilogue");
+    if (fmt_ == Format::fp8_block) add(rsp, scale_stack_bytes());
     vzeroupper();
     pop(reg_e8m0);
     pop(reg_pfd);
@@ -239,7 +241,10 @@ class GemvGenerator : public Generator {
       zero_accs();
     mov(reg_wk, reg_wt);
     mov(reg_xk, reg_x0);
-    mov(reg_sk, reg_s0);
+    if (fmt_ == Format::fp8_block)
+      mov(reg_sk, rsp);  // the call's fp32 block scales
+    else
+      mov(reg_sk, reg_s0);
     if (nfull > 0) {
       Label l_blk;
       mov(reg_kb, nfull);
@@ -260,6 +265,27 @@ class GemvGenerator : public Generator {
     emit_store();
   }
 
+  // fp8_block: one scale row serves every row of the call; widen it to fp32 on
+  // the stack once so each block's scale is a single broadcast operand.
+  int64_t scale_blocks() const { return (key_.k + kBlock - 1) / kBlock; }
+  int scale_stack_bytes() const { return int((scale_blocks() * 4 + 63) / 64 * 64); }
+  void emit_scales_to_stack() {
+    sub(rsp, scale_stack_bytes());
+    Label l_scale;
+    xor_(reg_kb, reg_kb);
+    L(l_scale);
+    if (key_.scale_dtype == 1) {
+      mov(reg_tmp.cvt32(), ptr[reg_s0 + reg_kb * 4]);
+    } else {
+      movzx(reg_tmp.cvt32(), word[reg_s0 + reg_kb * 2]);
+      shl(reg_tmp.cvt32(), 16);
+    }
+    mov(ptr[rsp + reg_kb * 4], reg_tmp.cvt32());
+    inc(reg_kb);
+    cmp(reg_kb, scale_blocks());
+    jb(l_scale);
+  }
+
   // Weight bytes of one scale block (GGUF blocks carry their d inline).
   int block_bytes() const {
     if (fmt_ == Format::mxfp4) return block_ / 2;
@@ -269,6 +295,7 @@ class GemvGenerator : public Generator {
   }
 
   int scale_bytes() const {
+    if (fmt_ == Format::fp8_block) return 4;  // widened to fp32 on the stack
     if (is_gguf(fmt_)) return 0;
     if (e8m0_scales(fmt_)) return 1;
     return key_.scale_dtype == 1 ? 4 : 2;
@@ -489,15 +516,20 @@ class GemvGenerator : public Generator {
   // (XLayout::bf16_perm64).
   void emit_e4m3_lut64(int off, bool partial) {
     const Zmm b = Zmm(v_w(1).getIdx()), lo = Zmm(v_t(0).getIdx()), hi = Zmm(v_t(1).getIdx());
-    if (partial)
+    if (partial) {
       vmovdqu8(b | k_tail | T_z, w_addr(off));
-    else
-      vmovdqu8(b, w_addr(off));
-    vmovdqa64(lo, b);
+      vmovdqa64(lo, b);
+      vmovdqa64(hi, b);
+    } else {  // loads are cheaper than register copies here (the bytes are in L1 after the first)
+      vmovdqu8(lo, w_addr(off));
+      vmovdqu8(hi, w_addr(off));
+    }
     vpermi2b(lo, Zmm(v_c(0).getIdx()), Zmm(v_c(1).getIdx()));
-    vmovdqa64(hi, b);
     vpermi2b(hi, Zmm(v_c(2).getIdx()), Zmm(v_c(3).getIdx()));
-    vpternlogd(hi, b, Zmm(v_c(4).getIdx()), 0xF8);  // hi | (b & 0x80)
+    if (partial)
+      vpternlogd(hi, b, Zmm(v_c(4).getIdx()), 0xF8);  // hi | (b & 0x80)
+    else
+      vpternlogd(hi, Zmm(v_c(4).getIdx()), w_addr(off), 0xF8);
     vpunpcklbw(Zmm(v_w(0).getIdx()), lo, hi);
     vpunpckhbw(Zmm(v_w(1).getIdx()), lo, hi);
   }
@@ -540,13 +572,13 @@ class GemvGenerator : public Generator {
     } else if (e8m0_scales(fmt_)) {
       movzx(reg_tmp.cvt32(), byte[reg_sk]);
       vbroadcastss(v_scale(), ptr[reg_e8m0 + reg_tmp * 4]);
-    } else if (key_.scale_dtype == 1) {
+    } else if (fmt_ == Format::fp8_block) {
+      // fp32 scale on the stack: an embedded broadcast on AVX-512, one load otherwise
+      if (tt_.vec_bytes == 64) {
+        for (int m = 0; m < key_.tokens; ++m) vfmadd231ps(tot(m), acc(m, 0), ptr_b[reg_sk]);
+        return;
+      }
       vbroadcastss(v_scale(), ptr[reg_sk]);
-    } else {
-      movzx(reg_tmp.cvt32(), word[reg_sk]);
-      shl(reg_tmp.cvt32(), 16);
-      vmovd(Xmm(v_scale().getIdx()), reg_tmp.cvt32());
-      vbroadcastss(v_scale(), Xmm(v_scale().getIdx()));
     }
     for (int m = 0; m < key_.tokens; ++m) vfmadd231ps(tot(m), acc(m, 0), v_scale());
   }
