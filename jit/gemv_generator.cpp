@@ -83,7 +83,10 @@ class GemvGenerator : public Generator {
                : is_gguf(fmt_)                       ? 32
                                                      : kBlock),
         na_(kSplit),
-        sw_prefetch_(streams_with_prefetch(key.format)) {}
+        // bf16 multi-token calls compute long enough per line that streaming no
+        // longer overlaps without help (measured: cold = hot + DRAM time); they
+        // prefetch each line of the next call (w_prefetch is the next call for bf16).
+        sw_prefetch_(streams_with_prefetch(key.format) || key.tokens > 1) {}
 
   bool generate(std::string* err) {
     emit_body();
