@@ -1,6 +1,7 @@
 #include "bench_layer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -128,42 +129,41 @@ std::string check_geometry(moejit_format f, const Geometry& g) {
   return "";
 }
 
-Layer::Layer(moejit_format f, const Geometry& g, uint64_t seed) : format_(f), geometry_(g) {
-  const int64_t two_i = 2 * int64_t(g.intermediate);
-  build(matrix_bytes(f, g, two_i, g.hidden), two_i, seed * 4 + 1, &gate_up_data_, &gate_up_scales_,
-        &gate_up_row_scales_, &gate_up_bias_, &gate_up_);
-  build(matrix_bytes(f, g, g.hidden, g.intermediate), g.hidden, seed * 4 + 2, &down_data_, &down_scales_,
-        &down_row_scales_, &down_bias_, &down_);
+MatrixBank::MatrixBank(moejit_format f, const Geometry& g, int64_t rows, int64_t k, int32_t count,
+                       int32_t stored, uint64_t seed)
+    : bytes_(moejit_bench::matrix_bytes(f, g, rows, k)) {
+  stored = std::clamp(stored, 1, count);
+  data_ = Buffer(size_t(bytes_.data * stored));
+  fill_words(data_.data(), data_.size(), seed, data_shaper(f));
+  if (f == MOEJIT_FORMAT_Q4_0) patch_gguf_scales(data_.data(), int64_t(data_.size()), 18, seed + 7);
+  if (f == MOEJIT_FORMAT_Q8_0) patch_gguf_scales(data_.data(), int64_t(data_.size()), 34, seed + 7);
+  if (bytes_.scales > 0) {
+    scales_ = Buffer(size_t(bytes_.scales * stored));
+    fill_words(scales_.data(), scales_.size(), seed + 13, scale_shaper(f, scale_dtype_of(f, g)));
+  }
+  if (bytes_.row_scales > 0) row_scales_.assign(size_t(rows * stored), 1.0f);
+  if (g.bias) {
+    Rng rng(seed + 29);
+    bias_.resize(size_t(rows * stored));
+    for (uint16_t& b : bias_) b = fmt::f32_to_bf16(float(rng.uniform() * 0.2 - 0.1));
+  }
+  matrices_.assign(size_t(count), moejit_matrix{});
+  for (int64_t i = 0; i < count; ++i) {
+    moejit_matrix& m = matrices_[size_t(i)];
+    const int64_t e = i % stored;
+    m.data = data_.data() + e * bytes_.data;
+    m.scales = bytes_.scales > 0 ? scales_.data() + e * bytes_.scales : nullptr;
+    m.scale_row_stride = 0;
+    m.row_scales = bytes_.row_scales > 0 ? row_scales_.data() + e * rows : nullptr;
+    m.bias = g.bias ? bias_.data() + e * rows : nullptr;
+  }
 }
 
-void Layer::build(const MatrixBytes& bytes, int64_t rows, uint64_t seed, Buffer* data, Buffer* scales,
-                  std::vector<float>* row_scales, std::vector<uint16_t>* bias,
-                  std::vector<moejit_matrix>* out) {
-  const int64_t experts = geometry_.experts;
-  *data = Buffer(size_t(bytes.data * experts));
-  fill_words(data->data(), data->size(), seed, data_shaper(format_));
-  if (format_ == MOEJIT_FORMAT_Q4_0) patch_gguf_scales(data->data(), int64_t(data->size()), 18, seed + 7);
-  if (format_ == MOEJIT_FORMAT_Q8_0) patch_gguf_scales(data->data(), int64_t(data->size()), 34, seed + 7);
-  if (bytes.scales > 0) {
-    *scales = Buffer(size_t(bytes.scales * experts));
-    fill_words(scales->data(), scales->size(), seed + 13,
-               scale_shaper(format_, scale_dtype_of(format_, geometry_)));
-  }
-  if (bytes.row_scales > 0) row_scales->assign(size_t(rows * experts), 1.0f);
-  if (geometry_.bias) {
-    Rng rng(seed + 29);
-    bias->resize(size_t(rows * experts));
-    for (uint16_t& b : *bias) b = fmt::f32_to_bf16(float(rng.uniform() * 0.2 - 0.1));
-  }
-  out->assign(size_t(experts), moejit_matrix{});
-  for (int64_t e = 0; e < experts; ++e) {
-    moejit_matrix& m = (*out)[size_t(e)];
-    m.data = data->data() + e * bytes.data;
-    m.scales = bytes.scales > 0 ? scales->data() + e * bytes.scales : nullptr;
-    m.scale_row_stride = 0;
-    m.row_scales = bytes.row_scales > 0 ? row_scales->data() + e * rows : nullptr;
-    m.bias = geometry_.bias ? bias->data() + e * rows : nullptr;
-  }
+Layer::Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing)
+    : format_(f), geometry_(g), backing_(backing > 0 ? std::min(backing, g.experts) : g.experts) {
+  const int64_t two_i = 2 * int64_t(g.intermediate);
+  gate_up_ = MatrixBank(f, g, two_i, g.hidden, g.experts, backing_, seed * 4 + 1);
+  down_ = MatrixBank(f, g, g.hidden, g.intermediate, g.experts, backing_, seed * 4 + 2);
 }
 
 moejit_moe_desc Layer::desc(int32_t max_tokens) const {
@@ -189,8 +189,70 @@ moejit_moe_desc Layer::desc(int32_t max_tokens) const {
   return d;
 }
 
-Routing make_routing(int32_t tokens, int32_t top_k, int32_t experts, uint64_t seed) {
+const char* routing_label(RoutingKind k) {
+  switch (k) {
+    case RoutingKind::uniform: return "uniform";
+    case RoutingKind::skewed: return "skewed";
+    case RoutingKind::same: return "same";
+  }
+  return "?";
+}
+
+bool parse_routing(const std::string& name, RoutingKind* out) {
+  for (RoutingKind k : {RoutingKind::uniform, RoutingKind::skewed, RoutingKind::same})
+    if (name == routing_label(k)) return *out = k, true;
+  return false;
+}
+
+namespace {
+
+// Draws top_k distinct experts into ids: uniformly (partial Fisher-Yates over perm) or, given
+// log_weight, by weighted sampling without replacement (Efraimidis-Spirakis: the k largest
+// log(u) / w, here log(-log(u)) - log(w) smallest, which is the same order).
+class ExpertSampler {
+ public:
+  ExpertSampler(int32_t experts, RoutingKind kind, double zipf_s) : perm_(size_t(experts)) {
+    if (kind != RoutingKind::skewed) return;
+    // A fixed random ranking (independent of the seed of the calls), so every token count of a
+    // run sees the same popular experts.
+    std::vector<int32_t> rank(static_cast<size_t>(experts));
+    std::iota(rank.begin(), rank.end(), 0);
+    Rng rng(0x5EC7ED);
+    for (int32_t i = experts - 1; i > 0; --i) std::swap(rank[size_t(i)], rank[rng.below(uint32_t(i + 1))]);
+    log_weight_.resize(size_t(experts));
+    for (int32_t e = 0; e < experts; ++e)
+      log_weight_[size_t(e)] = -zipf_s * std::log(double(rank[size_t(e)] + 1));
+    keys_.resize(size_t(experts));
+  }
+
+  void draw(Rng& rng, int32_t top_k, int32_t* ids) {
+    const int32_t experts = int32_t(perm_.size());
+    std::iota(perm_.begin(), perm_.end(), 0);
+    if (log_weight_.empty()) {
+      for (int32_t j = 0; j < top_k; ++j) {
+        std::swap(perm_[size_t(j)], perm_[size_t(j) + rng.below(uint32_t(experts - j))]);
+        ids[j] = perm_[size_t(j)];
+      }
+      return;
+    }
+    for (int32_t e = 0; e < experts; ++e)
+      keys_[size_t(e)] = std::log(-std::log(1.0 - rng.uniform())) - log_weight_[size_t(e)];
+    std::partial_sort(perm_.begin(), perm_.begin() + top_k, perm_.end(),
+                      [&](int32_t a, int32_t b) { return keys_[size_t(a)] < keys_[size_t(b)]; });
+    std::copy(perm_.begin(), perm_.begin() + top_k, ids);
+  }
+
+ private:
+  std::vector<int32_t> perm_;
+  std::vector<double> log_weight_, keys_;
+};
+
+}  // namespace
+
+Routing make_routing(int32_t tokens, int32_t top_k, int32_t experts, uint64_t seed, RoutingKind kind,
+                     double zipf_s) {
   Routing r;
+  r.kind = kind;
   r.tokens = tokens;
   r.top_k = top_k;
   const int64_t per_call = int64_t(tokens) * top_k;
@@ -199,19 +261,21 @@ Routing make_routing(int32_t tokens, int32_t top_k, int32_t experts, uint64_t se
   r.weights.resize(r.ids.size());
   r.distinct.resize(size_t(r.pool));
   Rng rng(seed);
-  std::vector<int32_t> perm(static_cast<size_t>(experts));
+  ExpertSampler sampler(experts, kind, zipf_s);
   std::vector<char> seen(static_cast<size_t>(experts));
   for (int32_t c = 0; c < r.pool; ++c) {
     std::fill(seen.begin(), seen.end(), 0);
     int32_t distinct = 0;
     for (int32_t t = 0; t < tokens; ++t) {
-      std::iota(perm.begin(), perm.end(), 0);
       int32_t* ids = &r.ids[size_t(c * per_call + int64_t(t) * top_k)];
       float* w = &r.weights[size_t(c * per_call + int64_t(t) * top_k)];
+      if (kind == RoutingKind::same && t > 0) {
+        std::copy(ids - top_k, ids, ids);  // the first token's experts
+      } else {
+        sampler.draw(rng, top_k, ids);
+      }
       float sum = 0.0f;
-      for (int32_t j = 0; j < top_k; ++j) {  // partial Fisher-Yates: top_k distinct experts
-        std::swap(perm[size_t(j)], perm[size_t(j) + rng.below(uint32_t(experts - j))]);
-        ids[j] = perm[size_t(j)];
+      for (int32_t j = 0; j < top_k; ++j) {
         w[j] = float(0.05 + rng.uniform());
         sum += w[j];
         if (!seen[size_t(ids[j])]) ++distinct, seen[size_t(ids[j])] = 1;

@@ -47,29 +47,60 @@ double bytes_per_weight(moejit_format f, const Geometry& g);
 // Empty when the format can hold this geometry (K rules of formats.md), else the reason.
 std::string check_geometry(moejit_format f, const Geometry& g);
 
-// A layer's weights, generated randomly but validly for the format, laid out like checkpoint
-// tensors: one [E, rows, ...] block each for gate_up data, gate_up scales, down data, down scales.
-class Layer {
+// `count` matrices [rows, K] of one format, generated randomly but validly for it, laid out like a
+// checkpoint tensor: one [stored, rows, ...] block each for data, block scales, row scales and
+// bf16 biases (when g.bias). Matrix i reads copy i % stored, so `stored` < `count` gives the
+// same descriptors over less memory.
+class MatrixBank {
  public:
-  Layer(moejit_format f, const Geometry& g, uint64_t seed);
-  moejit_moe_desc desc(int32_t max_tokens) const;
-  int64_t total_bytes() const { return int64_t(geometry_.experts) * expert_bytes(format_, geometry_); }
+  MatrixBank() = default;
+  MatrixBank(moejit_format f, const Geometry& g, int64_t rows, int64_t k, int32_t count, int32_t stored,
+             uint64_t seed);
+  const moejit_matrix& operator[](int32_t i) const { return matrices_[size_t(i)]; }
+  const moejit_matrix* data() const { return matrices_.data(); }
+  int32_t size() const { return int32_t(matrices_.size()); }
+  int64_t matrix_bytes() const { return bytes_.total(); }  // weights + scales, no bias
 
  private:
-  void build(const MatrixBytes& bytes, int64_t rows, uint64_t seed, Buffer* data, Buffer* scales,
-             std::vector<float>* row_scales, std::vector<uint16_t>* bias, std::vector<moejit_matrix>* out);
-
-  moejit_format format_;
-  Geometry geometry_;
-  Buffer gate_up_data_, gate_up_scales_, down_data_, down_scales_;
-  std::vector<float> gate_up_row_scales_, down_row_scales_;
-  std::vector<uint16_t> gate_up_bias_, down_bias_;
-  std::vector<moejit_matrix> gate_up_, down_;
+  MatrixBytes bytes_;
+  Buffer data_, scales_;
+  std::vector<float> row_scales_;
+  std::vector<uint16_t> bias_;
+  std::vector<moejit_matrix> matrices_;
 };
 
-// A pool of precomputed routings, one per call: each token gets top_k distinct experts drawn
-// uniformly, with positive weights summing to 1.
+// A layer's weights: gate_up [E][2I, H] and down [E][H, I] banks. `backing` > 0 stores only that
+// many experts and points expert e at copy e % backing: the same routing and plan as the full
+// layer over a working set small enough to stay cached (--hot).
+class Layer {
+ public:
+  Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing = 0);
+  moejit_moe_desc desc(int32_t max_tokens) const;
+  // Bytes of distinct memory behind the layer's experts.
+  int64_t total_bytes() const { return int64_t(backing_) * expert_bytes(format_, geometry_); }
+  moejit_format format() const { return format_; }
+  const Geometry& geometry() const { return geometry_; }
+  const moejit_matrix& gate_up(int32_t e) const { return gate_up_[e]; }
+  const moejit_matrix& down(int32_t e) const { return down_[e]; }
+
+ private:
+  moejit_format format_;
+  Geometry geometry_;
+  int32_t backing_;
+  MatrixBank gate_up_, down_;
+};
+
+// How a call's tokens pick their experts. uniform: top_k distinct experts each, uniformly;
+// skewed: Zipf-like popularity, P(expert of rank r) ~ 1 / (r + 1)^s over a fixed random ranking;
+// same: every token of a call takes the same top_k experts (the most reuse dedup can find).
+enum class RoutingKind { uniform, skewed, same };
+const char* routing_label(RoutingKind k);
+bool parse_routing(const std::string& name, RoutingKind* out);
+
+// A pool of precomputed routings, one per call (calls cycle through it so experts stay cold);
+// every token has top_k distinct experts with positive weights summing to 1.
 struct Routing {
+  RoutingKind kind = RoutingKind::uniform;
   int32_t tokens = 0;
   int32_t top_k = 0;
   int32_t pool = 0;
@@ -81,7 +112,8 @@ struct Routing {
   const float* weights_of(int64_t call) const { return &weights[size_t(call % pool) * tokens * top_k]; }
   int32_t distinct_of(int64_t call) const { return distinct[size_t(call % pool)]; }
 };
-Routing make_routing(int32_t tokens, int32_t top_k, int32_t experts, uint64_t seed);
+Routing make_routing(int32_t tokens, int32_t top_k, int32_t experts, uint64_t seed,
+                     RoutingKind kind = RoutingKind::uniform, double zipf_s = 1.0);
 
 // Random bf16 activations in [-1, 1].
 std::vector<uint16_t> random_activations(int64_t count, uint64_t seed);

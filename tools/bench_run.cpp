@@ -30,14 +30,6 @@ bool fail(CaseResult* r, moejit_status st) {
   return false;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  const size_t mid = v.size() / 2;
-  std::nth_element(v.begin(), v.begin() + long(mid), v.end());
-  if (v.size() % 2) return v[mid];
-  return 0.5 * (v[mid] + *std::max_element(v.begin(), v.begin() + long(mid)));
-}
-
 int64_t count_nonfinite(const std::vector<uint8_t>& y, moejit_dtype dt) {
   int64_t bad = 0;
   if (dt == MOEJIT_DTYPE_F32) {
@@ -63,88 +55,193 @@ bool read_stats(const moejit_moe* moe, moejit_moe_stats* s, CaseResult* r) {
   return st == MOEJIT_OK || fail(r, st);
 }
 
-bool time_calls(moejit_moe* moe, const Geometry& g, const Routing& routing, const CaseSpec& spec,
-                CaseResult* r) {
-  const std::vector<uint16_t> x = random_activations(int64_t(spec.tokens) * g.hidden, 0x5EED + spec.tokens);
-  const size_t y_elem = g.output_dtype == MOEJIT_DTYPE_F32 ? 4 : 2;
-  std::vector<uint8_t> y(size_t(spec.tokens) * size_t(g.hidden) * y_elem);
-  const double expert = double(expert_bytes(spec.format, g));
-  int64_t call = 0;
-  auto forward = [&] {
-    const moejit_status st = moejit_moe_forward(moe, spec.tokens, x.data(), routing.ids_of(call),
-                                                routing.weights_of(call), y.data());
-    return st == MOEJIT_OK || fail(r, st);
-  };
-  const auto warm_start = Clock::now();  // warm-up: `warmup` calls, cut short after min_time / 4
-  for (int32_t i = 0; i < spec.warmup; ++i) {
-    if (!forward()) return false;
-    ++call;  // every call, timed or not, gets the next routing: experts stay cold
-    if (std::chrono::duration<double>(Clock::now() - warm_start).count() > spec.min_time / 4) break;
+// Timed calls of one arm, accumulated over one or several slices.
+class CallTimer {
+ public:
+  CallTimer(const Routing& routing, double expert_bytes, int64_t first_call)
+      : routing_(routing), expert_(expert_bytes), call_(first_call) {}
+
+  // Untimed calls: spec.warmup of them, cut short after spec.min_time / 4.
+  bool warmup(const CallFn& fn, const CaseSpec& spec) {
+    const auto start = Clock::now();
+    for (int32_t i = 0; i < spec.warmup; ++i) {
+      if (!fn(call_++)) return false;  // every call, timed or not, gets the next routing: experts stay cold
+      if (std::chrono::duration<double>(Clock::now() - start).count() > spec.min_time / 4) break;
+    }
+    return true;
   }
 
-  moejit_moe_stats before, after;
-  if (!read_stats(moe, &before, r)) return false;
-  std::vector<double> seconds, gbps;
-  double bytes = 0, distinct = 0;
-  const auto start = Clock::now();
-  while (int64_t(seconds.size()) < spec.min_calls ||
-         std::chrono::duration<double>(Clock::now() - start).count() < spec.min_time) {
-    const auto t0 = Clock::now();
-    if (!forward()) return false;
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double call_bytes = routing.distinct_of(call) * expert;
-    seconds.push_back(s);
-    gbps.push_back(call_bytes / s / 1e9);
-    bytes += call_bytes;
-    distinct += routing.distinct_of(call);
-    ++call;
+  // Timed calls for `slice` seconds (at least one call), or until done() when slice < 0.
+  bool run(const CallFn& fn, double slice, const CaseSpec& spec) {
+    const auto start = Clock::now();
+    do {
+      const auto t0 = Clock::now();
+      if (!fn(call_)) return false;
+      const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      const double call_bytes = routing_.distinct_of(call_) * expert_;
+      seconds_.push_back(s);
+      gbps_.push_back(call_bytes / s / 1e9);
+      bytes_ += call_bytes;
+      distinct_ += routing_.distinct_of(call_);
+      timed_ += s;
+      ++call_;
+    } while (slice < 0 ? !done(spec) : std::chrono::duration<double>(Clock::now() - start).count() < slice);
+    return true;
   }
-  if (!read_stats(moe, &after, r)) return false;
 
-  r->calls = int64_t(seconds.size());
-  r->median_s = median(seconds);
-  r->min_s = *std::min_element(seconds.begin(), seconds.end());
-  r->mean_s = std::accumulate(seconds.begin(), seconds.end(), 0.0) / double(r->calls);
-  r->weight_gbps = median(gbps);
-  r->bytes_per_call = bytes / double(r->calls);
-  r->distinct_per_call = distinct / double(r->calls);
-  if (after.calls - before.calls == uint64_t(r->calls))
-    r->lib_bytes_per_call = double(after.weight_bytes_read - before.weight_bytes_read) / double(r->calls);
-  r->nonfinite_outputs = count_nonfinite(y, g.output_dtype);
+  bool done(const CaseSpec& spec) const {
+    return int64_t(seconds_.size()) >= spec.min_calls && timed_ >= spec.min_time;
+  }
+
+  void finish(CaseResult* r) const {
+    r->calls = int64_t(seconds_.size());
+    r->median_s = median(seconds_);
+    r->min_s = *std::min_element(seconds_.begin(), seconds_.end());
+    r->mean_s = timed_ / double(r->calls);
+    r->weight_gbps = median(gbps_);
+    r->bytes_per_call = bytes_ / double(r->calls);
+    r->distinct_per_call = distinct_ / double(r->calls);
+    r->routes_per_call = double(routing_.tokens) * routing_.top_k;
+  }
+
+ private:
+  const Routing& routing_;
+  double expert_;
+  int64_t call_;
+  std::vector<double> seconds_, gbps_;
+  double bytes_ = 0, distinct_ = 0, timed_ = 0;
+};
+
+// One moejit layer in its own context, ready to be timed.
+class MoeArm {
+ public:
+  MoeArm(const Layer& layer, const Routing& routing, const CaseSpec& spec, int64_t first_call)
+      : layer_(layer),
+        routing_(routing),
+        spec_(spec),
+        timer_(routing, double(expert_bytes(spec.format, layer.geometry())), first_call) {
+    const Geometry& g = layer.geometry();
+    moejit_context_desc cd{};
+    cd.struct_size = sizeof(cd);
+    cd.num_threads = spec.threads;
+    cd.max_isa = spec.max_isa;
+    cd.flags = spec.dedup ? 0u : MOEJIT_CONTEXT_NO_DEDUP;
+    moejit_context* raw_ctx = nullptr;
+    moejit_status st = moejit_context_create(&cd, &raw_ctx);
+    ctx_.reset(raw_ctx);
+    if (st != MOEJIT_OK) {
+      fail(&result_, st);
+      return;
+    }
+    result_.isa = moejit_context_isa(ctx_.get());
+    result_.threads = moejit_context_num_threads(ctx_.get());
+    const moejit_moe_desc desc = layer.desc(spec.tokens);
+    moejit_moe* raw_moe = nullptr;
+    st = moejit_moe_create(ctx_.get(), &desc, &raw_moe);
+    moe_.reset(raw_moe);
+    if (st != MOEJIT_OK) {
+      fail(&result_, st);
+      return;
+    }
+    x_ = random_activations(int64_t(spec.tokens) * g.hidden, 0x5EED + spec.tokens);
+    y_.resize(size_t(spec.tokens) * size_t(g.hidden) * (g.output_dtype == MOEJIT_DTYPE_F32 ? 4 : 2));
+    fn_ = [this](int64_t c) {
+      const moejit_status s = moejit_moe_forward(moe_.get(), spec_.tokens, x_.data(), routing_.ids_of(c),
+                                                 routing_.weights_of(c), y_.data());
+      return s == MOEJIT_OK || fail(&result_, s);
+    };
+    ok_ = true;
+  }
+
+  bool ok() const { return ok_; }
+  bool done() const { return !ok_ || timer_.done(spec_); }
+  // Warm-up, then the library's counters as the start of the timed calls.
+  void warmup() { ok_ = ok_ && timer_.warmup(fn_, spec_) && read_stats(moe_.get(), &before_, &result_); }
+  void run(double slice) { ok_ = ok_ && timer_.run(fn_, slice, spec_); }
+
+  CaseResult finish() {
+    moejit_moe_stats after;
+    if (!ok_ || !read_stats(moe_.get(), &after, &result_)) return result_;
+    timer_.finish(&result_);
+    if (after.calls - before_.calls == uint64_t(result_.calls)) {
+      const double calls = double(result_.calls);
+      result_.lib_bytes_per_call = double(after.weight_bytes_read - before_.weight_bytes_read) / calls;
+      result_.lib_unique_per_call = double(after.unique_experts - before_.unique_experts) / calls;
+    }
+    result_.nonfinite_outputs = count_nonfinite(y_, layer_.geometry().output_dtype);
+    return result_;
+  }
+
+ private:
+  const Layer& layer_;
+  const Routing& routing_;
+  CaseSpec spec_;
+  CallTimer timer_;
+  CaseResult result_;
+  ContextPtr ctx_;
+  MoePtr moe_;
+  std::vector<uint16_t> x_;
+  std::vector<uint8_t> y_;
+  CallFn fn_;
+  moejit_moe_stats before_{};
+  bool ok_ = false;
+};
+
+}  // namespace
+
+bool time_loop(const CallFn& fn, const Routing& routing, double expert_bytes, const CaseSpec& spec,
+               CaseResult* r) {
+  CallTimer timer(routing, expert_bytes, 0);
+  if (!timer.warmup(fn, spec) || !timer.run(fn, -1, spec)) return false;
+  timer.finish(r);
   return true;
 }
 
-}  // namespace
+std::vector<CaseResult> run_arms(const Layer& layer, const std::vector<bool>& dedups, const Routing& routing,
+                                 const CaseSpec& spec, const std::function<void()>& round) {
+  std::vector<std::unique_ptr<MoeArm>> arms;
+  for (size_t i = 0; i < dedups.size(); ++i) {
+    CaseSpec s = spec;
+    s.dedup = dedups[i];
+    // Arms start at different places of the routing pool: no arm finds the experts of the
+    // routing another arm just ran still in the cache.
+    arms.push_back(std::make_unique<MoeArm>(layer, routing, s, int64_t(i) * routing.pool / 2));
+  }
+  for (auto& a : arms) a->warmup();
+  const double slice = std::clamp(spec.min_time / 8, 0.02, 0.25);
+  for (;;) {
+    bool all_done = true, any_ok = false;
+    for (auto& a : arms) all_done = all_done && a->done(), any_ok = any_ok || a->ok();
+    if (all_done || !any_ok) break;
+    for (auto& a : arms)
+      if (!a->done()) a->run(slice);
+    if (round) round();
+  }
+  std::vector<CaseResult> out;
+  for (auto& a : arms) out.push_back(a->finish());
+  return out;
+}
+
+CaseResult run_case(const Layer& layer, const Routing& routing, const CaseSpec& spec) {
+  return run_arms(layer, {spec.dedup}, routing, spec, {}).front();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + long(mid), v.end());
+  if (v.size() % 2) return v[mid];
+  return 0.5 * (v[mid] + *std::max_element(v.begin(), v.begin() + long(mid)));
+}
 
 const char* status_label(CaseStatus s) {
   switch (s) {
     case CaseStatus::ok: return "ok";
     case CaseStatus::unsupported: return "unsupported";
+    case CaseStatus::skipped: return "skipped";
     case CaseStatus::error: return "error";
   }
   return "?";
-}
-
-CaseResult run_case(const Layer& layer, const Geometry& g, const Routing& routing, const CaseSpec& spec) {
-  CaseResult r;
-  moejit_context_desc cd{};
-  cd.struct_size = sizeof(cd);
-  cd.num_threads = spec.threads;
-  cd.max_isa = spec.max_isa;
-  moejit_context* raw_ctx = nullptr;
-  moejit_status st = moejit_context_create(&cd, &raw_ctx);
-  ContextPtr ctx(raw_ctx);
-  if (st != MOEJIT_OK) return fail(&r, st), r;
-  r.isa = moejit_context_isa(ctx.get());
-  r.threads = moejit_context_num_threads(ctx.get());
-
-  const moejit_moe_desc desc = layer.desc(spec.tokens);
-  moejit_moe* raw_moe = nullptr;
-  st = moejit_moe_create(ctx.get(), &desc, &raw_moe);
-  MoePtr moe(raw_moe);
-  if (st != MOEJIT_OK) return fail(&r, st), r;
-  time_calls(moe.get(), g, routing, spec, &r);
-  return r;
 }
 
 }  // namespace moejit_bench

@@ -130,6 +130,18 @@ int64_t l3_cache_bytes() {
   return v > 0 ? v : 0;
 }
 
+std::string cpu_model_name() {
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const size_t start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? "unknown CPU" : line.substr(start);
+  }
+  return "unknown CPU";
+}
+
 int64_t physical_memory_bytes() { return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE); }
 
 void parallel_for(int64_t num_chunks, int threads, const std::function<void(int64_t)>& fn) {

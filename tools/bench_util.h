@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace moejit_bench {
@@ -47,6 +48,8 @@ struct Rng {
 std::vector<int> affinity_cpus();
 // Size of the last-level (L3) cache of CPU 0 in bytes, 0 when unknown.
 int64_t l3_cache_bytes();
+// "model name" of /proc/cpuinfo, "unknown CPU" when absent.
+std::string cpu_model_name();
 // Physical memory in bytes.
 int64_t physical_memory_bytes();
 

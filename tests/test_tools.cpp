@@ -1,0 +1,597 @@
+// The dump path (jit/kernel_dump.*) and the tools built on it: listings of
+// every format x tier this CPU has hold the instructions that tier must use and
+// none it must not; MOEJIT_DUMP_DIR and MOEJIT_PERF_MAP; moejit-dump's layer
+// plan against the kernels a real MoE layer generates; the tools' exit codes.
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "formats/formats.h"
+#include "jit/cpu.h"
+#include "jit/gemv.h"
+#include "jit/kernel_cache.h"
+#include "jit/kernel_dump.h"
+#include "moejit.h"
+#include "tools/dump_plan.h"
+
+namespace {
+
+using moejit::formats::Format;
+namespace jit = moejit::jit;
+namespace tools = moejit::tools;
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string make_temp_dir() {
+  char tmpl[] = "/tmp/moejit_test_tools_XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  return d ? std::string(d) : std::string();
+}
+
+void remove_tree(const std::string& dir) {
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != "..") std::remove((dir + "/" + n).c_str());
+    }
+    closedir(d);
+  }
+  ::rmdir(dir.c_str());
+}
+
+std::set<std::string> files_with_suffix(const std::string& dir, const std::string& suffix) {
+  std::set<std::string> r;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      const std::string n = e->d_name;
+      if (n == "." || n == "..") continue;
+      if (n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+        r.insert(n.substr(0, n.size() - suffix.size()));
+    }
+    closedir(d);
+  }
+  return r;
+}
+
+// Sets an environment variable for one scope, restoring the previous value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_.c_str(), old_.c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+// ---- listings per format x tier ----
+
+struct TierCase {
+  const char* name;
+  Format format;
+  jit::Isa isa;
+  bool no_vbmi;
+  std::vector<const char*> must;      // mnemonics the tier's code path uses
+  std::vector<const char*> must_not;  // mnemonics or registers it must not use
+};
+
+const std::vector<TierCase>& tier_cases() {
+  static const std::vector<TierCase> cases = {
+      {"bf16_avx2", Format::bf16, jit::Isa::avx2, false, {"vfmadd231ps"}, {"zmm\\d+", "vdpbf16ps"}},
+      {"bf16_avx512", Format::bf16, jit::Isa::avx512, false, {"vfmadd231ps", "zmm\\d+"}, {"vdpbf16ps"}},
+      {"bf16_avx512_bf16", Format::bf16, jit::Isa::avx512_bf16, false, {"vdpbf16ps", "zmm\\d+"}, {}},
+      {"fp8_block_avx2",
+       Format::fp8_block,
+       jit::Isa::avx2,
+       false,
+       {"vcvtph2ps", "vfmadd231ps"},
+       {"zmm\\d+", "vdpbf16ps"}},
+      {"fp8_block_avx512",
+       Format::fp8_block,
+       jit::Isa::avx512,
+       false,
+       {"vcvtph2ps", "vfmadd231ps", "zmm\\d+"},
+       {"vdpbf16ps"}},
+      {"fp8_block_avx512_bf16",
+       Format::fp8_block,
+       jit::Isa::avx512_bf16,
+       false,
+       {"vpermi2b", "vdpbf16ps"},
+       {"vpermw", "vcvtph2ps"}},
+      {"fp8_block_avx512_bf16_novbmi",
+       Format::fp8_block,
+       jit::Isa::avx512_bf16,
+       true,
+       {"vpermw", "vdpbf16ps"},
+       {"vpermi2b", "vpermb", "vcvtph2ps"}},
+  };
+  return cases;
+}
+
+// Instruction lines of a listing (comment lines and data bytes left out).
+std::vector<std::string> instruction_lines(const std::string& listing) {
+  std::vector<std::string> r;
+  std::istringstream in(listing);
+  bool data = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("; --- ", 0) == 0) data = line == "; --- data ---";
+    if (line.empty() || line[0] == ';' || data) continue;
+    r.push_back(line);
+  }
+  return r;
+}
+
+bool uses(const std::vector<std::string>& lines, const std::string& word) {
+  const std::regex re("\\b" + word + "\\b");
+  for (const auto& l : lines)
+    if (std::regex_search(l, re)) return true;
+  return false;
+}
+
+// Kernels with a tail (K % 128 != 0), several rows and tokens: every phase appears.
+class TierListing : public ::testing::TestWithParam<TierCase> {};
+
+TEST_P(TierListing, UsesTheTiersInstructions) {
+  const TierCase& c = GetParam();
+  if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis: no listings";
+  if (!jit::isa_available(c.isa)) GTEST_SKIP() << "this CPU lacks tier " << jit::isa_name(c.isa);
+  if (c.isa == jit::Isa::avx512_bf16 && c.format == Format::fp8_block && !c.no_vbmi &&
+      !jit::host_features().avx512_vbmi)
+    GTEST_SKIP() << "this CPU lacks AVX512_VBMI for the byte-table e4m3 decode";
+  tools::MatrixSpec spec;
+  spec.format = c.format;
+  spec.k = 1000;
+  spec.isa = c.isa;
+  spec.no_vbmi = c.no_vbmi;
+  const jit::KernelKey key = tools::runtime_key(spec, 5, 2);
+  ASSERT_EQ(key.isa, c.isa);
+  ASSERT_EQ(bool(key.flags & jit::kFlagNoVbmi), c.isa == jit::Isa::avx512_bf16 &&
+                                                    c.format == Format::fp8_block &&
+                                                    (c.no_vbmi || !jit::host_features().avx512_vbmi));
+  std::string err;
+  auto k = jit::global_cache().get(key, &err);
+  ASSERT_TRUE(k) << key.name() << ": " << err;
+  std::string listing;
+  ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
+  EXPECT_EQ(listing.rfind("; " + key.name() + "\n", 0), 0u) << listing.substr(0, 200);
+  EXPECT_NE(listing.find("; code size " + std::to_string(k->code_size()) + " bytes"), std::string::npos);
+  for (const char* p : {"prologue", "decode", "fma", "tail", "store", "epilogue"})
+    EXPECT_NE(listing.find(std::string("; --- ") + p + " ---"), std::string::npos) << key.name() << ": " << p;
+  const auto lines = instruction_lines(listing);
+  ASSERT_GT(lines.size(), 20u) << key.name();
+  EXPECT_FALSE(uses(lines, "\\(bad\\)")) << key.name() << " has undecodable bytes";
+  EXPECT_TRUE(uses(lines, "ret")) << key.name();
+  for (const char* m : c.must) EXPECT_TRUE(uses(lines, m)) << key.name() << " does not use " << m;
+  for (const char* m : c.must_not) EXPECT_FALSE(uses(lines, m)) << key.name() << " uses " << m;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, TierListing, ::testing::ValuesIn(tier_cases()),
+                         [](const ::testing::TestParamInfo<TierCase>& i) {
+                           return std::string(i.param.name);
+                         });
+
+// The listing covers every byte once: offsets strictly increase and the last
+// line ends at the code size.
+TEST(Listing, CoversTheWholeCode) {
+  if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
+  const jit::Isa isa = jit::host_isa();
+  if (isa == jit::Isa::scalar) GTEST_SKIP() << "no JIT tier on this CPU";
+  tools::MatrixSpec spec;
+  spec.format = Format::fp8_block;
+  spec.k = 700;
+  spec.isa = isa;
+  std::string err, listing;
+  auto k = jit::global_cache().get(tools::runtime_key(spec, 3, 1), &err);
+  ASSERT_TRUE(k) << err;
+  ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
+  std::istringstream in(listing);
+  size_t next = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == ';') continue;
+    std::istringstream ls(line);
+    std::string off;
+    ls >> off;
+    ASSERT_EQ(std::stoul(off, nullptr, 16), next) << line;
+    size_t n = 0;
+    for (std::string tok; ls >> tok && tok.size() == 2 && std::isxdigit(tok[0]) && std::isxdigit(tok[1]);)
+      ++n;
+    if (line.find(".byte") != std::string::npos) {
+      std::istringstream bs(line.substr(line.find(".byte") + 5));
+      n = 0;
+      for (std::string tok; bs >> tok;) ++n;
+    }
+    ASSERT_GT(n, 0u) << line;
+    next += n;
+  }
+  EXPECT_EQ(next, k->code_size());
+}
+
+// ---- runtime hooks ----
+
+TEST(DumpDir, WritesBinAndListingOfNewKernels) {
+  const jit::Isa isa = jit::host_isa();
+  if (isa == jit::Isa::scalar) GTEST_SKIP() << "no JIT tier on this CPU";
+  const std::string dir = make_temp_dir();
+  ASSERT_FALSE(dir.empty());
+  jit::KernelKey key;
+  {
+    ScopedEnv env("MOEJIT_DUMP_DIR", (dir + "/sub").c_str());  // created on demand
+    tools::MatrixSpec spec;
+    spec.format = Format::bf16;
+    spec.k = 3001;  // not used elsewhere in this process: generated now
+    spec.isa = isa;
+    key = tools::runtime_key(spec, 7, 1);
+    std::string err;
+    auto k = jit::global_cache().get(key, &err);
+    ASSERT_TRUE(k) << err;
+    const std::string base = dir + "/sub/" + key.name();
+    const std::string bin = read_file(base + ".bin");
+    ASSERT_EQ(bin.size(), k->code_size()) << base << ".bin";
+    EXPECT_EQ(std::memcmp(bin.data(), k->code(), bin.size()), 0);
+    if (jit::disassembler_available()) {
+      std::string listing;
+      ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
+      EXPECT_EQ(read_file(base + ".s"), listing);
+    } else {
+      EXPECT_FALSE(file_exists(base + ".s"));
+    }
+    // No temporary files are left behind.
+    EXPECT_EQ(files_with_suffix(dir + "/sub", "").size(), jit::disassembler_available() ? 2u : 1u);
+  }
+  // Read at generation time: unset now, the next new kernel is not written.
+  tools::MatrixSpec spec;
+  spec.format = Format::bf16;
+  spec.k = 3002;
+  spec.isa = isa;
+  std::string err;
+  auto k2 = jit::global_cache().get(tools::runtime_key(spec, 7, 1), &err);
+  ASSERT_TRUE(k2) << err;
+  EXPECT_FALSE(file_exists(dir + "/sub/" + k2->key().name() + ".bin"));
+  remove_tree(dir + "/sub");
+  remove_tree(dir);
+}
+
+TEST(DumpDir, UnwritableDirDoesNotFailGeneration) {
+  const jit::Isa isa = jit::host_isa();
+  if (isa == jit::Isa::scalar) GTEST_SKIP() << "no JIT tier on this CPU";
+  const std::string dir = make_temp_dir();
+  ASSERT_FALSE(dir.empty());
+  // A directory below a regular file cannot exist, whoever runs the test (root included).
+  const std::string file = dir + "/file";
+  std::ofstream(file) << "x";
+  ScopedEnv env("MOEJIT_DUMP_DIR", (file + "/dumps").c_str());
+  testing::internal::CaptureStderr();
+  for (int i = 0; i < 2; ++i) {
+    tools::MatrixSpec spec;
+    spec.format = Format::fp8_block;
+    spec.k = 3003 + i;
+    spec.isa = isa;
+    std::string err;
+    auto k = jit::global_cache().get(tools::runtime_key(spec, 4, 1), &err);
+    ASSERT_TRUE(k) << err;
+    EXPECT_NE(k->fn(), nullptr);
+  }
+  const std::string out = testing::internal::GetCapturedStderr();
+  EXPECT_NE(out.find("MOEJIT_DUMP_DIR"), std::string::npos) << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << "reported once:\n" << out;
+  std::remove(file.c_str());
+  remove_tree(dir);
+}
+
+TEST(PerfMap, AppendsOneLinePerNewKernel) {
+  const jit::Isa isa = jit::host_isa();
+  if (isa == jit::Isa::scalar) GTEST_SKIP() << "no JIT tier on this CPU";
+  const std::string map = "/tmp/perf-" + std::to_string(getpid()) + ".map";
+  std::remove(map.c_str());
+  std::shared_ptr<const jit::Kernel> k;
+  {
+    ScopedEnv env("MOEJIT_PERF_MAP", "1");
+    tools::MatrixSpec spec;
+    spec.format = Format::bf16;
+    spec.k = 3005;
+    spec.isa = isa;
+    std::string err;
+    k = jit::global_cache().get(tools::runtime_key(spec, 2, 1), &err);
+    ASSERT_TRUE(k) << err;
+  }
+  const std::string text = read_file(map);
+  std::remove(map.c_str());
+  char expect[128];
+  std::snprintf(expect, sizeof(expect), "%lx %zx moejit_", reinterpret_cast<unsigned long>(k->code()),
+                k->code_size());
+  EXPECT_EQ(text, expect + k->key().name() + "\n");
+  EXPECT_EQ(jit::perf_map_line(*k) + "\n", text);
+}
+
+// ---- moejit-dump's layer plan against a real layer ----
+
+struct LayerCase {
+  const char* name;
+  Format format;
+  int32_t hidden, intermediate;
+  bool interleaved;
+};
+
+class LayerPlan : public ::testing::TestWithParam<LayerCase> {};
+
+// Builds a MoE layer through the C API with MOEJIT_DUMP_DIR set, on every tier
+// this CPU has, and compares the kernels it dumped with layer_keys(). Shapes are
+// unique to this test, so each layer generates all of its kernels.
+TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
+  const LayerCase& c = GetParam();
+  ScopedEnv no_dedup_env("MOEJIT_DEDUP", nullptr);
+  int tiers = 0;
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16}) {
+    if (!jit::isa_available(isa)) {
+      std::printf("[  SKIP    ] tier %s: this CPU lacks it\n", jit::isa_name(isa));
+      continue;
+    }
+    for (int dedup = 0; dedup < 2; ++dedup) {
+      ++tiers;
+      SCOPED_TRACE(std::string(jit::isa_name(isa)) + (dedup ? " dedup" : " no dedup"));
+      tools::LayerSpec l;
+      l.format = c.format;
+      l.hidden = c.hidden + int32_t(isa) * 2 + dedup;  // unique per tier: nothing cached yet
+      l.intermediate = c.intermediate + int32_t(isa) * 2 + dedup;
+      l.experts = 4;
+      l.top_k = 2;
+      l.max_tokens = 3;
+      l.interleaved = c.interleaved;
+      l.dedup = dedup == 1;
+      l.threads = 1 + dedup;  // the down row block depends on the worker count
+      l.isa = isa;
+      std::string why;
+      ASSERT_TRUE(tools::layer_valid(l, &why)) << why;
+      std::set<std::string> planned;
+      for (const auto& k : tools::layer_keys(l)) planned.insert(k.name());
+
+      const std::string dir = make_temp_dir();
+      ASSERT_FALSE(dir.empty());
+      ScopedEnv env("MOEJIT_DUMP_DIR", dir.c_str());
+      moejit_context_desc cd{};
+      cd.struct_size = sizeof(cd);
+      cd.num_threads = l.threads;
+      cd.max_isa = moejit_isa(isa);
+      cd.flags = dedup ? 0 : MOEJIT_CONTEXT_NO_DEDUP;
+      moejit_context* ctx = nullptr;
+      ASSERT_EQ(moejit_context_create(&cd, &ctx), MOEJIT_OK) << moejit_last_error();
+      ASSERT_EQ(moejit_context_isa(ctx), moejit_isa(isa));
+      const int64_t H = l.hidden, I = l.intermediate;
+      const moejit::formats::Format f = c.format;
+      std::vector<uint8_t> gu_w(size_t(2 * I * moejit::formats::row_bytes(f, H))),
+          dn_w(size_t(H * moejit::formats::row_bytes(f, I)));
+      std::vector<uint8_t> gu_s(size_t(std::max<int64_t>(
+          1, moejit::formats::scale_rows(f, 2 * I) * moejit::formats::scale_cols(f, 128, H) * 2))),
+          dn_s(size_t(std::max<int64_t>(
+              1, moejit::formats::scale_rows(f, H) * moejit::formats::scale_cols(f, 128, I) * 2)));
+      const bool scaled = moejit::formats::has_block_scales(f);
+      std::vector<moejit_matrix> gu(
+          4, moejit_matrix{gu_w.data(), scaled ? gu_s.data() : nullptr, 0, nullptr, nullptr});
+      std::vector<moejit_matrix> dn(
+          4, moejit_matrix{dn_w.data(), scaled ? dn_s.data() : nullptr, 0, nullptr, nullptr});
+      moejit_moe_desc d{};
+      d.struct_size = sizeof(d);
+      d.format = moejit_format(f);
+      d.hidden = l.hidden;
+      d.intermediate = l.intermediate;
+      d.num_experts = l.experts;
+      d.top_k = l.top_k;
+      d.max_tokens = l.max_tokens;
+      d.gate_up_interleaved = c.interleaved;
+      d.gate_up = gu.data();
+      d.down = dn.data();
+      moejit_moe* moe = nullptr;
+      ASSERT_EQ(moejit_moe_create(ctx, &d, &moe), MOEJIT_OK) << moejit_last_error();
+      const std::set<std::string> dumped = files_with_suffix(dir, ".bin");
+      moejit_moe_destroy(moe);
+      moejit_context_destroy(ctx);
+      EXPECT_EQ(dumped, planned);
+      EXPECT_FALSE(planned.empty());
+      remove_tree(dir);
+    }
+  }
+  if (tiers == 0) GTEST_SKIP() << "no JIT tier on this CPU";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LayerPlan,
+                         ::testing::Values(LayerCase{"fp8_concat", Format::fp8_block, 1056, 200, false},
+                                           LayerCase{"fp8_interleaved", Format::fp8_block, 520, 136, true},
+                                           LayerCase{"bf16_concat", Format::bf16, 264, 72, false},
+                                           LayerCase{"bf16_interleaved", Format::bf16, 136, 40, true}),
+                         [](const ::testing::TestParamInfo<LayerCase>& i) {
+                           return std::string(i.param.name);
+                         });
+
+// ---- the tools as subprocesses ----
+
+#if defined(MOEJIT_DUMP_EXE) && defined(MOEJIT_INFO_EXE)
+
+struct ToolRun {
+  int code = -1;
+  std::string out, err;
+};
+
+ToolRun run(const std::string& exe, const std::string& args, const std::string& env = "") {
+  const std::string dir = make_temp_dir();
+  const std::string cmd = "env -u MOEJIT_MAX_ISA -u MOEJIT_DUMP_DIR -u MOEJIT_PERF_MAP " + env + " " + exe +
+                          " " + args + " >" + dir + "/out 2>" + dir + "/err";
+  ToolRun r;
+  const int st = std::system(cmd.c_str());
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  r.out = read_file(dir + "/out");
+  r.err = read_file(dir + "/err");
+  remove_tree(dir);
+  return r;
+}
+
+int lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+TEST(DumpTool, SingleKernelMatchesTheInProcessListing) {
+  const jit::Isa isa = jit::host_isa();
+  if (isa == jit::Isa::scalar) GTEST_SKIP() << "no JIT tier on this CPU";
+  if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
+  const ToolRun r = run(MOEJIT_DUMP_EXE, "--format fp8_block --k 2048 --rows 16 --tokens 4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  tools::MatrixSpec spec;
+  spec.format = Format::fp8_block;
+  spec.k = 2048;
+  spec.isa = isa;
+  std::string err, listing;
+  auto k = jit::global_cache().get(tools::runtime_key(spec, 16, 4), &err);
+  ASSERT_TRUE(k) << err;
+  ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
+  EXPECT_EQ(r.out, listing);
+}
+
+TEST(DumpTool, JsonRawAndLayer) {
+  const jit::Isa isa = jit::host_isa();
+  if (isa == jit::Isa::scalar) GTEST_SKIP() << "no JIT tier on this CPU";
+  const std::string dir = make_temp_dir();
+  ToolRun r =
+      run(MOEJIT_DUMP_EXE, "--format bf16 --k 512 --rows 16 --tokens 1 --json --raw " + dir + "/k.bin");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"generator_version\": " + std::to_string(jit::kGeneratorVersion)),
+            std::string::npos);
+  EXPECT_NE(r.out.find("\"phases\""), std::string::npos);
+  const std::string bin = read_file(dir + "/k.bin");
+  EXPECT_NE(r.out.find("\"code_size\": " + std::to_string(bin.size())), std::string::npos) << r.out;
+  std::remove((dir + "/k.bin").c_str());
+  remove_tree(dir);
+
+  r = run(MOEJIT_DUMP_EXE,
+          "--layer --format fp8_block --hidden 2048 --intermediate 768 --experts 128 --top-k 8 --list "
+          "--threads 3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  tools::LayerSpec l;
+  l.format = Format::fp8_block;
+  l.hidden = 2048;
+  l.intermediate = 768;
+  l.experts = 128;
+  l.top_k = 8;
+  l.threads = 3;
+  l.isa = isa;
+  std::string expect;
+  for (const auto& k : tools::layer_keys(l)) expect += k.name() + "\n";
+  EXPECT_EQ(r.out, expect);
+  r = run(MOEJIT_DUMP_EXE,
+          "--layer --format fp8_block --hidden 2048 --intermediate 768 --experts 128 --top-k 8 "
+          "--list",
+          "MOEJIT_DEDUP=0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(lines(r.out), 2) << r.out;  // one token per call: one kernel per matrix
+}
+
+TEST(DumpTool, BadArgumentsAndUnsupportedRequestsFailWithOneLine) {
+  const struct {
+    const char* args;
+    int code;
+  } cases[] = {
+      {"", 2},
+      {"--format nope --k 64 --rows 1 --tokens 1", 2},
+      {"--format bf16 --k 0 --rows 1 --tokens 1", 2},
+      {"--format bf16 --k 64 --rows 1", 2},
+      {"--format bf16 --k 64 --rows 1 --tokens 1 --isa avx9", 2},
+      {"--format bf16 --k 64 --rows 1 --tokens 1 --scale-dtype f16", 2},
+      {"--format bf16 --k 64 --rows 1 --tokens 1 --bogus", 2},
+      {"--format bf16 --k abc --rows 1 --tokens 1", 2},
+      {"--format bf16 --k 64 --rows 1 --tokens 1 --no-vbmi", 2},
+      {"--format bf16 --list", 2},
+      {"--layer --format bf16 --hidden 64 --intermediate 64 --experts 2 --top-k 3", 2},
+      {"--layer --format bf16 --hidden 64 --intermediate 64 --experts 2 --top-k 1 --gate-up zip", 2},
+      {"--format nvfp4 --k 64 --rows 1 --tokens 1", 1},
+      {"--layer --format nvfp4 --hidden 64 --intermediate 64 --experts 2 --top-k 1 --list", 1},
+      {"--format bf16 --k 64 --rows 1 --tokens 1 --isa scalar", 1},
+      {"--format bf16 --k 64 --rows 1 --tokens 99", 1},
+      {"--format fp8_block --k 64 --rows 129 --tokens 1", 1},
+  };
+  for (const auto& c : cases) {
+    const ToolRun r = run(MOEJIT_DUMP_EXE, c.args);
+    EXPECT_EQ(r.code, c.code) << "moejit-dump " << c.args << "\n" << r.err;
+    EXPECT_EQ(lines(r.err), 1) << "moejit-dump " << c.args << "\n" << r.err;
+    EXPECT_EQ(r.err.rfind("moejit-dump: ", 0), 0u) << r.err;
+    EXPECT_TRUE(r.out.empty()) << "moejit-dump " << c.args << "\n" << r.out;
+  }
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16}) {
+    if (jit::isa_available(isa)) continue;
+    const ToolRun r = run(
+        MOEJIT_DUMP_EXE, std::string("--format bf16 --k 64 --rows 1 --tokens 1 --isa ") + jit::isa_name(isa));
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("lacks"), std::string::npos) << r.err;
+  }
+  const ToolRun bad_env =
+      run(MOEJIT_DUMP_EXE, "--format bf16 --k 64 --rows 1 --tokens 1", "MOEJIT_MAX_ISA=fast");
+  EXPECT_EQ(bad_env.code, 2) << bad_env.err;
+  const ToolRun help = run(MOEJIT_DUMP_EXE, "--help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("--layer"), std::string::npos);
+}
+
+TEST(InfoTool, ReportsWhatTheLibraryRuns) {
+  ToolRun r = run(MOEJIT_INFO_EXE, "");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string host = moejit_isa_name(moejit_host_isa());
+  EXPECT_NE(r.out.find("host tier   " + host), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  fp8_block   " + host), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  bf16        " + host), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  nvfp4       unsupported in this build"), std::string::npos) << r.out;
+  for (const char* v :
+       {"MOEJIT_MAX_ISA", "MOEJIT_DEDUP", "MOEJIT_DEDUP_DEBUG", "MOEJIT_DUMP_DIR", "MOEJIT_PERF_MAP"})
+    EXPECT_NE(r.out.find(v), std::string::npos) << v;
+
+  r = run(MOEJIT_INFO_EXE, "--json", "MOEJIT_MAX_ISA=avx2 MOEJIT_DUMP_DIR=/nonexistent/x");
+  ASSERT_EQ(r.code, jit::isa_available(jit::Isa::avx2) ? 0 : 1) << r.err;
+  EXPECT_TRUE(r.err.empty()) << "the format probe must not dump its kernels: " << r.err;
+  if (jit::isa_available(jit::Isa::avx2)) {
+    EXPECT_NE(r.out.find("\"context_isa\": \"avx2\""), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"tier\": \"avx2\""), std::string::npos) << r.out;
+  }
+  EXPECT_NE(r.out.find("\"value\": \"/nonexistent/x\""), std::string::npos) << r.out;
+
+  r = run(MOEJIT_INFO_EXE, "", "MOEJIT_MAX_ISA=fast");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("cannot be created"), std::string::npos) << r.out;
+  r = run(MOEJIT_INFO_EXE, "--bogus");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+}
+
+#endif
+
+}  // namespace

@@ -1,0 +1,299 @@
+#include "bench_config.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "bench_peer.h"
+#include "bench_util.h"
+
+namespace moejit_bench {
+
+namespace {
+
+Geometry make_geometry(int32_t h, int32_t i, int32_t e, int32_t k, moejit_activation act, bool oai) {
+  Geometry g;
+  g.hidden = h, g.intermediate = i, g.experts = e, g.top_k = k, g.activation = act;
+  if (oai) g.swiglu_alpha = 1.702f, g.swiglu_limit = 7.0f, g.interleaved = true, g.bias = true;
+  return g;
+}
+
+void require(bool ok, const std::string& why) {
+  if (!ok) throw UsageError(why);
+}
+
+// Raw command-line values; `make_config` layers them over the preset (explicit options win).
+struct Args {
+  bool demo = false, csv = false, json = false, bias = false, hot = false, progress = false;
+  std::string preset = "qwen3-30b-a3b", activation, gate_up, scale_dtype, output_dtype;
+  std::string dedup = "on", routing = "uniform", peer = "none", plot, profile;
+  int32_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, group_size = 0, warmup = 3;
+  float swiglu_alpha = 0, swiglu_limit = 0;
+  std::vector<std::string> formats, isas;
+  std::vector<int32_t> tokens, threads;
+  int64_t repeat = 5;
+  double min_time = 1.0, zipf_s = 1.0, pcie_gbs = 0, miss_rate = 0;
+  uint64_t seed = 1;
+};
+
+std::string preset_help() {
+  std::string s = "\nPresets (H = hidden, I = expert intermediate, E = experts; routed experts only):\n";
+  for (const Preset& p : presets()) {
+    const Geometry& g = p.geometry;
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "  %-16s H=%d I=%d E=%d top_k=%d %s, %s", p.name, g.hidden,
+                  g.intermediate, g.experts, g.top_k, activation_label(g.activation), format_label(p.format));
+    s += buf;
+    if (p.note[0]) s += std::string(" (") + p.note + ")";
+    s += "\n";
+  }
+  return s;
+}
+
+void add_options(CLI::App& app, Args& a) {
+  std::string names;
+  for (const Preset& p : presets()) names += std::string(names.empty() ? "" : ", ") + p.name;
+  std::string fmts;
+  for (moejit_format f : all_formats()) fmts += std::string(fmts.empty() ? "" : ",") + format_label(f);
+  app.add_flag(
+      "--demo", a.demo,
+      "Qwen3-30B-A3B geometry, bf16 and fp8_block, tokens 1,4,16, threads 1,2 (what `make demo` runs)");
+  app.add_option("--preset", a.preset, "model geometry: " + names)->capture_default_str();
+  app.add_option("--hidden", a.hidden, "hidden size H (overrides the preset)");
+  app.add_option("--intermediate", a.intermediate, "expert intermediate size I");
+  app.add_option("--experts", a.experts, "number of experts E");
+  app.add_option("--top-k", a.top_k, "experts per token");
+  app.add_option("--format", a.formats, "comma list of: " + fmts)->delimiter(',');
+  app.add_option("--tokens", a.tokens, "comma list of tokens per call (default 1)")->delimiter(',');
+  app.add_option("--threads", a.threads, "comma list of thread counts (default: all CPUs)")->delimiter(',');
+  app.add_option("--isa", a.isas,
+                 "comma list of tier caps: auto, scalar, avx2, avx512, avx512_bf16, or all (every tier); "
+                 "tiers this CPU lacks are reported as skipped")
+      ->delimiter(',');
+  app.add_option("--dedup", a.dedup,
+                 "on | off | both: expert dedup (both: each case with and without, side by side, with the "
+                 "reuse factor and the traffic model; implies --hot)")
+      ->capture_default_str();
+  app.add_flag("--hot,!--no-hot", a.hot,
+               "also time each case over one expert's memory behind every expert id (stays cached): the "
+               "compute floor, and the bound max(DRAM time, hot time)");
+  app.add_option("--routing", a.routing,
+                 "uniform | skewed (Zipf-like expert popularity, see --zipf) | same (every token of a call "
+                 "takes the same experts)")
+      ->capture_default_str();
+  app.add_option("--zipf", a.zipf_s, "exponent s of --routing skewed: P(rank r) ~ 1/(r+1)^s")
+      ->capture_default_str();
+  app.add_option("--peer", a.peer, "none | onednn: the same MoE work through oneDNN matmuls, side by side")
+      ->capture_default_str();
+  app.add_option("--activation", a.activation, "silu|gelu|gelu_tanh|swiglu_oai|swiglu_clamp");
+  app.add_option("--swiglu-alpha", a.swiglu_alpha, "swiglu alpha (0 = 1.702)");
+  app.add_option("--swiglu-limit", a.swiglu_limit, "swiglu clamp limit (0 = none)");
+  app.add_option("--gate-up", a.gate_up, "gate_up row order: concat|interleaved");
+  app.add_flag("--bias,!--no-bias", a.bias, "bf16 biases on gate_up and down");
+  app.add_option("--group-size", a.group_size, "mxfp8 scale group: 0 (=32), 32, 64, 128");
+  app.add_option("--scale-dtype", a.scale_dtype, "fp8_block scale type: bf16|f32");
+  app.add_option("--output-dtype", a.output_dtype, "y type: bf16|f32");
+  app.add_option("--repeat", a.repeat, "minimum timed calls per case (min and median are reported)")
+      ->capture_default_str();
+  app.add_option("--min-time", a.min_time, "minimum seconds of timed calls per case")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed calls before timing")->capture_default_str();
+  app.add_option("--seed", a.seed, "seed of weights, activations and routing")->capture_default_str();
+  auto* csv = app.add_flag("--csv", a.csv, "CSV on stdout instead of the table");
+  app.add_flag("--json", a.json, "JSON on stdout instead of the table")->excludes(csv);
+  app.add_option("--plot", a.plot, "write an SVG plot of GB/s against tokens to this file");
+  app.add_option("--profile", a.profile, "write a JSON profile (CPU GB/s, backend model; docs/TOOLS.md)");
+  app.add_option("--pcie-gbs", a.pcie_gbs, "with --profile: host-to-GPU bandwidth the engine measured, GB/s");
+  app.add_option("--miss-rate", a.miss_rate,
+                 "with --profile: share of routed experts not resident on the GPU");
+  app.add_flag("--progress", a.progress, "progress lines on stderr even when it is not a terminal");
+  app.footer(preset_help());
+}
+
+moejit_dtype parse_dtype(const std::string& s, const char* option) {
+  require(s == "bf16" || s == "f32", std::string(option) + ": '" + s + "' is not bf16 or f32");
+  return s == "f32" ? MOEJIT_DTYPE_F32 : MOEJIT_DTYPE_BF16;
+}
+
+Geometry apply_geometry(const CLI::App& app, const Args& a, const Preset& p) {
+  Geometry g = p.geometry;
+  if (app.count("--hidden")) g.hidden = a.hidden;
+  if (app.count("--intermediate")) g.intermediate = a.intermediate;
+  if (app.count("--experts")) g.experts = a.experts;
+  if (app.count("--top-k")) g.top_k = a.top_k;
+  if (app.count("--activation"))
+    require(parse_activation(a.activation, &g.activation), "--activation: unknown '" + a.activation + "'");
+  if (app.count("--swiglu-alpha")) g.swiglu_alpha = a.swiglu_alpha;
+  if (app.count("--swiglu-limit")) g.swiglu_limit = a.swiglu_limit;
+  if (app.count("--gate-up")) {
+    require(a.gate_up == "concat" || a.gate_up == "interleaved",
+            "--gate-up: '" + a.gate_up + "' is not concat or interleaved");
+    g.interleaved = a.gate_up == "interleaved";
+  }
+  if (app.count("--bias") || app.count("--no-bias")) g.bias = a.bias;
+  if (app.count("--group-size")) g.group_size = a.group_size;
+  if (app.count("--scale-dtype")) g.scale_dtype = parse_dtype(a.scale_dtype, "--scale-dtype");
+  if (app.count("--output-dtype")) g.output_dtype = parse_dtype(a.output_dtype, "--output-dtype");
+
+  require(g.hidden >= 1 && g.intermediate >= 1 && g.experts >= 1,
+          "--hidden, --intermediate, --experts must be >= 1");
+  require(g.top_k >= 1 && g.top_k <= g.experts, "--top-k must be in [1, experts]");
+  require(g.group_size == 0 || g.group_size == 32 || g.group_size == 64 || g.group_size == 128,
+          "--group-size must be 0, 32, 64 or 128");
+  require(std::isfinite(g.swiglu_alpha), "--swiglu-alpha must be finite");
+  require(g.swiglu_limit >= 0, "--swiglu-limit must be >= 0");
+  return g;
+}
+
+void apply_sweeps(const CLI::App& app, const Args& a, Config* c) {
+  if (!a.tokens.empty()) c->tokens = a.tokens;
+  c->threads = a.threads.empty() ? std::vector<int32_t>{int32_t(affinity_cpus().size())} : a.threads;
+  for (int32_t t : c->tokens) require(t >= 1, "--tokens: " + std::to_string(t) + " must be >= 1");
+  for (int32_t t : c->threads)
+    require(t >= 1 && t <= 1024, "--threads: " + std::to_string(t) + " must be in [1, 1024]");
+  if (!a.isas.empty()) c->isas.clear();
+  for (const std::string& name : a.isas) {
+    if (name == "all") {
+      for (moejit_isa i : {MOEJIT_ISA_SCALAR, MOEJIT_ISA_AVX2, MOEJIT_ISA_AVX512, MOEJIT_ISA_AVX512_BF16})
+        c->isas.push_back(i);
+      continue;
+    }
+    moejit_isa isa;
+    require(parse_isa(name, &isa),
+            "--isa: unknown '" + name + "' (auto, scalar, avx2, avx512, avx512_bf16, all)");
+    c->isas.push_back(isa);
+  }
+  require(a.dedup == "on" || a.dedup == "off" || a.dedup == "both",
+          "--dedup: '" + a.dedup + "' is not on, off or both");
+  c->dedup = a.dedup == "both" ? DedupMode::both : a.dedup == "off" ? DedupMode::off : DedupMode::on;
+  c->hot = app.count("--hot") || app.count("--no-hot") ? a.hot : c->dedup == DedupMode::both;
+  require(parse_routing(a.routing, &c->routing),
+          "--routing: '" + a.routing + "' is not uniform, skewed or same");
+  require(std::isfinite(a.zipf_s) && a.zipf_s > 0 && a.zipf_s <= 8, "--zipf must be in (0, 8]");
+  c->zipf_s = a.zipf_s;
+  require(a.peer == "none" || a.peer == "onednn", "--peer: '" + a.peer + "' is not none or onednn");
+  c->peer = a.peer == "onednn" ? PeerKind::onednn : PeerKind::none;
+  std::string why;
+  require(peer_available(c->peer, &why), "--peer " + a.peer + ": " + why);
+}
+
+void apply_outputs(const CLI::App& app, const Args& a, Config* c) {
+  c->output = a.json ? OutputMode::json : a.csv ? OutputMode::csv : OutputMode::table;
+  c->plot_path = a.plot;
+  c->profile_path = a.profile;
+  const bool pcie = app.count("--pcie-gbs") > 0, miss = app.count("--miss-rate") > 0;
+  require(!(pcie || miss) || !a.profile.empty(), "--pcie-gbs and --miss-rate need --profile");
+  require(pcie == miss, "--pcie-gbs and --miss-rate go together (the backend model needs both)");
+  if (pcie) {
+    require(std::isfinite(a.pcie_gbs) && a.pcie_gbs > 0, "--pcie-gbs must be > 0");
+    require(a.miss_rate >= 0 && a.miss_rate <= 1, "--miss-rate must be in [0, 1]");
+    c->pcie_gbs = a.pcie_gbs;
+    c->miss_rate = a.miss_rate;
+  }
+  c->progress = a.progress;
+}
+
+Config make_config(const CLI::App& app, Args a) {
+  if (a.demo) {  // explicit options still win over the demo's choices
+    if (!app.count("--preset")) a.preset = "qwen3-30b-a3b";
+    if (!app.count("--format")) a.formats = {"bf16", "fp8_block"};
+    if (!app.count("--tokens")) a.tokens = {1, 4, 16};
+    if (!app.count("--threads")) a.threads = {1, 2};
+  }
+  const auto preset =
+      std::find_if(presets().begin(), presets().end(), [&](const Preset& p) { return a.preset == p.name; });
+  require(preset != presets().end(), "--preset: unknown '" + a.preset + "'");
+
+  Config c;
+  c.preset = preset->name;
+  c.geometry = apply_geometry(app, a, *preset);
+  if (a.formats.empty()) a.formats = {format_label(preset->format)};
+  for (const std::string& name : a.formats) {
+    moejit_format f;
+    require(parse_format(name, &f), "--format: unknown '" + name + "'");
+    const std::string why = check_geometry(f, c.geometry);
+    require(why.empty(), "--format " + name + ": " + why);
+    c.formats.push_back(f);
+  }
+  apply_sweeps(app, a, &c);
+  require(a.repeat >= 1, "--repeat must be >= 1");
+  require(a.min_time >= 0 && std::isfinite(a.min_time), "--min-time must be >= 0");
+  require(a.warmup >= 0, "--warmup must be >= 0");
+  c.timing.min_time = a.min_time;
+  c.timing.min_calls = a.repeat;
+  c.timing.warmup = a.warmup;
+  c.seed = a.seed;
+  apply_outputs(app, a, &c);
+  return c;
+}
+
+std::string number(double v) { return strf("%g", v); }
+
+}  // namespace
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> kPresets = {
+      {"qwen3-30b-a3b", make_geometry(2048, 768, 128, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16, ""},
+      {"qwen3-235b-a22b", make_geometry(4096, 1536, 128, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16, ""},
+      {"qwen3.5-35b-a3b", make_geometry(2048, 512, 256, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16,
+       "assumed geometry, not checked against a released config"},
+      {"glm-4.5-air", make_geometry(4096, 1408, 128, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16, ""},
+      {"minimax-m2", make_geometry(3072, 1536, 256, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_FP8_BLOCK, ""},
+      {"gpt-oss-20b", make_geometry(2880, 2880, 32, 4, MOEJIT_ACT_SWIGLU_OAI, true), MOEJIT_FORMAT_MXFP4,
+       "swiglu alpha 1.702 limit 7, interleaved gate_up, biases"},
+      {"gpt-oss-120b", make_geometry(2880, 2880, 128, 4, MOEJIT_ACT_SWIGLU_OAI, true), MOEJIT_FORMAT_MXFP4,
+       "swiglu alpha 1.702 limit 7, interleaved gate_up, biases"},
+      {"deepseek-v3", make_geometry(7168, 2048, 256, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_FP8_BLOCK, ""},
+  };
+  return kPresets;
+}
+
+int parse_command_line(int argc, char** argv, Config* out) {
+  CLI::App app{
+      "moejit-bench: time moejit MoE decode layers with cold experts against the DRAM read bandwidth "
+      "measured in the same run"};
+  Args args;
+  add_options(app, args);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "moejit-bench: error: %s (see --help)\n", e.what());
+    return 2;
+  }
+  try {
+    *out = make_config(app, args);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "moejit-bench: error: %s\n", e.what());
+    return 2;
+  }
+  return -1;
+}
+
+std::string repro(const Config& c, moejit_format f, int32_t tokens, int32_t threads, moejit_isa isa) {
+  const Geometry& g = c.geometry;
+  std::string s = "moejit-bench --hidden " + std::to_string(g.hidden) + " --intermediate " +
+                  std::to_string(g.intermediate) + " --experts " + std::to_string(g.experts) + " --top-k " +
+                  std::to_string(g.top_k) + " --format " + format_label(f) + " --tokens " +
+                  std::to_string(tokens) + " --threads " + std::to_string(threads);
+  if (g.activation != MOEJIT_ACT_SILU) s += std::string(" --activation ") + activation_label(g.activation);
+  if (g.swiglu_alpha != 0) s += " --swiglu-alpha " + number(g.swiglu_alpha);
+  if (g.swiglu_limit != 0) s += " --swiglu-limit " + number(g.swiglu_limit);
+  if (g.interleaved) s += " --gate-up interleaved";
+  if (g.bias) s += " --bias";
+  const bool mx8 = f == MOEJIT_FORMAT_MXFP8_E4M3 || f == MOEJIT_FORMAT_MXFP8_E5M2;
+  if (mx8 && g.group_size) s += " --group-size " + std::to_string(g.group_size);
+  if (f == MOEJIT_FORMAT_FP8_BLOCK && g.scale_dtype == MOEJIT_DTYPE_F32) s += " --scale-dtype f32";
+  if (g.output_dtype == MOEJIT_DTYPE_F32) s += " --output-dtype f32";
+  if (isa != MOEJIT_ISA_AUTO) s += std::string(" --isa ") + moejit_isa_name(isa);
+  if (c.dedup != DedupMode::on) s += std::string(" --dedup ") + dedup_label(c.dedup);
+  if (c.hot != (c.dedup == DedupMode::both)) s += c.hot ? " --hot" : " --no-hot";
+  if (c.routing != RoutingKind::uniform) s += std::string(" --routing ") + routing_label(c.routing);
+  if (c.routing == RoutingKind::skewed && c.zipf_s != 1.0) s += " --zipf " + number(c.zipf_s);
+  if (c.peer == PeerKind::onednn) s += " --peer onednn";
+  if (c.seed != 1) s += " --seed " + std::to_string(c.seed);
+  return s;
+}
+
+}  // namespace moejit_bench

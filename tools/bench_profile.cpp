@@ -1,0 +1,175 @@
+#include "bench_profile.h"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace moejit_bench {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+class ProfileReporter : public Reporter {
+ public:
+  explicit ProfileReporter(ProfileOptions o) : opt_(std::move(o)) {}
+
+  void begin(const MachineInfo& m, const RunInfo& run) override {
+    const Geometry& g = run.geometry;
+    Json dram = Json::array();
+    for (const auto& [threads, gbps] : m.dram_gbps) dram.push_back({{"threads", threads}, {"gbps", gbps}});
+    doc_ = {{"schema_version", kProfileSchemaVersion},
+            {"generator", "moejit-bench"},
+            {"library_version", m.version},
+            {"created_utc", utc_now()},
+            {"machine",
+             {{"cpu_model", m.cpu_model},
+              {"cpus", m.cpus},
+              {"host_isa", moejit_isa_name(m.host_isa)},
+              {"l3_bytes", m.l3_bytes},
+              {"dram_read_gbps", dram}}},
+            {"geometry",
+             {{"preset", run.preset},
+              {"hidden", g.hidden},
+              {"intermediate", g.intermediate},
+              {"experts", g.experts},
+              {"top_k", g.top_k},
+              {"activation", activation_label(g.activation)},
+              {"gate_up_interleaved", g.interleaved},
+              {"bias", g.bias}}},
+            {"routing", routing_label(run.routing)},
+            {"dedup", run.dedup != DedupMode::off}};
+    if (opt_.pcie_gbs > 0)
+      doc_["model_inputs"] = {{"pcie_gbs", opt_.pcie_gbs}, {"miss_rate", opt_.miss_rate}};
+    else
+      doc_["model_inputs"] = nullptr;
+    doc_["entries"] = Json::array();
+  }
+
+  void layer(const LayerInfo&) override {}
+
+  void row(const CaseRow& r) override {
+    const CaseResult& p = r.primary();
+    if (!p.ok()) return;
+    const double per_token = 1.0 / r.spec.tokens;
+    Json e = {{"format", format_label(r.spec.format)},
+              {"bytes_per_weight", r.layer.bytes_per_weight},
+              {"expert_bytes", r.layer.expert_bytes},
+              {"tokens", r.spec.tokens},
+              {"threads", r.spec.threads},
+              {"isa", moejit_isa_name(p.isa)},
+              {"dedup", bool(r.on)},
+              {"cpu_gbps", p.weight_gbps},
+              {"dram_gbps", r.dram_gbps},
+              {"median_call_s", p.median_s},
+              {"distinct_experts_per_call", p.distinct_per_call},
+              {"routes_per_call", p.routes_per_call}};
+    if (opt_.pcie_gbs > 0) {
+      const double missing = opt_.miss_rate * p.distinct_per_call;
+      const BackendModel m =
+          model_backends(missing * double(r.layer.expert_bytes), p.weight_gbps, opt_.pcie_gbs, r.dram_gbps);
+      e["backends"] = {
+          {"missing_experts_per_call", missing},
+          {"missing_bytes_per_call", m.missing_bytes},
+          {"cpu", {{"time_per_token_s", m.cpu_s * per_token}}},
+          {"pcie", {{"time_per_token_s", m.pcie_s * per_token}, {"gpu_compute", "assumed negligible"}}},
+          {"hybrid",
+           {{"cpu_fraction", m.cpu_fraction},
+            {"time_per_token_s", m.hybrid_s * per_token},
+            {"ideal_time_per_token_s", m.hybrid_ideal_s * per_token},
+            {"dram_floor_per_token_s", m.dram_floor_s * per_token},
+            {"dram_capacity_gbps", m.dram_capacity_gbps}}}};
+      const double single = std::min(m.cpu_s, m.pcie_s);
+      std::string reason;
+      if (m.best == "none") {
+        reason = "no missing experts at miss_rate 0";
+      } else if (m.best == "hybrid") {
+        reason = "hybrid " + strf("%.1f", m.hybrid_s * per_token * 1e6) +
+                 " us/token beats the better single backend (" + strf("%.1f", single * per_token * 1e6) +
+                 " us) by more than 10%";
+      } else {
+        reason = m.best + " " + strf("%.1f", m.best_s * per_token * 1e6) + " us/token; cpu " +
+                 strf("%.1f", m.cpu_s * per_token * 1e6) + ", pcie " +
+                 strf("%.1f", m.pcie_s * per_token * 1e6) + ", hybrid " +
+                 strf("%.1f", m.hybrid_s * per_token * 1e6) +
+                 (m.hybrid_s >= m.hybrid_ideal_s * 1.001 ? " (held at the DRAM floor)" : "") +
+                 " does not beat it by 10%";
+      }
+      e["recommendation"] = {
+          {"backend", m.best}, {"time_per_token_s", m.best_s * per_token}, {"reason", reason}};
+    }
+    doc_["entries"].push_back(e);
+  }
+
+  void end() override {
+    // Per format and tokens: the fastest measured entry (what an engine looks up first).
+    std::map<std::pair<std::string, int>, const Json*> best;
+    for (const Json& e : doc_["entries"]) {
+      const auto key = std::make_pair(e["format"].get<std::string>(), e["tokens"].get<int>());
+      if (!best.count(key) || e["cpu_gbps"].get<double>() > (*best[key])["cpu_gbps"].get<double>())
+        best[key] = &e;
+    }
+    Json summary = Json::array();
+    for (const auto& [key, e] : best)
+      summary.push_back({{"format", key.first},
+                         {"tokens", key.second},
+                         {"threads", (*e)["threads"]},
+                         {"isa", (*e)["isa"]},
+                         {"cpu_gbps", (*e)["cpu_gbps"]}});
+    doc_["best_cpu_gbps"] = summary;
+    std::ofstream out(opt_.path);
+    out << doc_.dump(2) << "\n";
+    if (!out) throw std::runtime_error("--profile: cannot write '" + opt_.path + "'");
+  }
+
+ private:
+  ProfileOptions opt_;
+  Json doc_;
+};
+
+}  // namespace
+
+BackendModel model_backends(double missing_bytes, double cpu_gbps, double pcie_gbs, double dram_gbps,
+                            double hybrid_margin) {
+  BackendModel m;
+  m.missing_bytes = missing_bytes;
+  if (missing_bytes <= 0) {
+    m.best = "none";
+    return m;
+  }
+  m.cpu_s = cpu_gbps > 0 ? missing_bytes / (cpu_gbps * 1e9) : INFINITY;
+  m.pcie_s = missing_bytes / (pcie_gbs * 1e9);
+  // f cpu = (1 - f) pcie  =>  f = pcie / (cpu + pcie), time = cpu pcie / (cpu + pcie).
+  m.cpu_fraction = std::isfinite(m.cpu_s) ? m.pcie_s / (m.cpu_s + m.pcie_s) : 0.0;
+  m.hybrid_ideal_s = std::isfinite(m.cpu_s) ? m.cpu_s * m.pcie_s / (m.cpu_s + m.pcie_s) : m.pcie_s;
+  // CPU and DMA read the same DRAM. Its capacity is at least what the CPU threads pulled and what
+  // PCIe alone moves; taking the larger as the capacity means: a CPU that already saturates DRAM
+  // gains nothing from adding DMA, one that does not (few threads, compute-bound) does.
+  m.dram_capacity_gbps = std::max(dram_gbps, pcie_gbs);
+  m.dram_floor_s = missing_bytes / (m.dram_capacity_gbps * 1e9);
+  m.hybrid_s = std::max(m.hybrid_ideal_s, m.dram_floor_s);
+  const double single = std::min(m.cpu_s, m.pcie_s);
+  m.best = m.cpu_s <= m.pcie_s ? "cpu" : "pcie";
+  m.best_s = single;
+  if (m.hybrid_s < single * (1.0 - hybrid_margin)) m.best = "hybrid", m.best_s = m.hybrid_s;
+  return m;
+}
+
+std::unique_ptr<Reporter> make_profile_reporter(const ProfileOptions& options) {
+  return std::make_unique<ProfileReporter>(options);
+}
+
+}  // namespace moejit_bench
