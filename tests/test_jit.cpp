@@ -149,6 +149,29 @@ jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k, int r
   return key;
 }
 
+// Runs one kernel on random bf16 activations and checks every output against
+// float64 from formats::weight, with the summation bound 2^-24 (K + 64) sum|w x|.
+void expect_matches_reference(const jit::Kernel& kern, const Bank& b, std::mt19937& rng) {
+  const jit::KernelKey& key = kern.key();
+  const int k = key.k, rows = key.rows, tokens = key.tokens;
+  std::vector<float> x(size_t(tokens) * size_t(k));
+  for (float& e : x) e = fmt::round_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
+  const std::vector<float> y = run_kernel(kern, b, x);
+  for (int m = 0; m < tokens; ++m)
+    for (int r = 0; r < rows; ++r) {
+      double ref = 0.0, mag = 0.0;
+      for (int kk = 0; kk < k; ++kk) {
+        const double p =
+            fmt::weight(b.layout, b.ref(), r, kk) * double(x[size_t(m) * size_t(k) + size_t(kk)]);
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double got = y[size_t(m) * size_t(rows) + size_t(r)];
+      ASSERT_LE(std::fabs(got - ref), std::ldexp(1.0, -24) * (k + 64) * mag)
+          << key.name() << " token " << m << " row " << r << " got " << got << " want " << ref;
+    }
+}
+
 class GemvKernels : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(GemvKernels, MatchFloat64Reference) {
@@ -168,23 +191,7 @@ TEST_P(GemvKernels, MatchFloat64Reference) {
             auto kern = jit::global_cache().get(key, &err);
             ASSERT_TRUE(kern) << key.name() << ": " << err;
             const Bank b = make_bank(f, sdt, rows, k, rng);
-            std::vector<float> x(size_t(tokens) * size_t(k));
-            for (float& e : x) e = fmt::round_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
-            const std::vector<float> y = run_kernel(*kern, b, x);
-            for (int m = 0; m < tokens; ++m)
-              for (int r = 0; r < rows; ++r) {
-                double ref = 0.0, mag = 0.0;
-                for (int kk = 0; kk < k; ++kk) {
-                  const double p =
-                      fmt::weight(b.layout, b.ref(), r, kk) * double(x[size_t(m) * size_t(k) + size_t(kk)]);
-                  ref += p;
-                  mag += std::fabs(p);
-                }
-                const double got = y[size_t(m) * size_t(rows) + size_t(r)];
-                const double bound = std::ldexp(1.0, -24) * (k + 64) * mag;
-                ASSERT_LE(std::fabs(got - ref), bound)
-                    << key.name() << " token " << m << " row " << r << " got " << got << " want " << ref;
-              }
+            expect_matches_reference(*kern, b, rng);
             ++checked;
           }
         }
@@ -248,22 +255,7 @@ TEST_P(GemvKernels, Mxfp8MatchFloat64Reference) {
             std::string err;
             auto kern = jit::global_cache().get(key, &err);
             ASSERT_TRUE(kern) << key.name() << ": " << err;
-            std::vector<float> x(size_t(tokens) * size_t(k));
-            for (float& e : x) e = fmt::round_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
-            const std::vector<float> y = run_kernel(*kern, b, x);
-            for (int m = 0; m < tokens; ++m)
-              for (int r = 0; r < rows; ++r) {
-                double ref = 0.0, mag = 0.0;
-                for (int kk = 0; kk < k; ++kk) {
-                  const double p =
-                      fmt::weight(b.layout, b.ref(), r, kk) * double(x[size_t(m) * size_t(k) + size_t(kk)]);
-                  ref += p;
-                  mag += std::fabs(p);
-                }
-                const double got = y[size_t(m) * size_t(rows) + size_t(r)];
-                ASSERT_LE(std::fabs(got - ref), std::ldexp(1.0, -24) * (k + 64) * mag)
-                    << key.name() << " token " << m << " row " << r << " got " << got << " want " << ref;
-              }
+            expect_matches_reference(*kern, b, rng);
             ++checked;
           }
         }
@@ -291,22 +283,7 @@ TEST_P(GemvKernels, GgufMatchFloat64Reference) {
           std::string err;
           auto kern = jit::global_cache().get(key, &err);
           ASSERT_TRUE(kern) << key.name() << ": " << err;
-          std::vector<float> x(size_t(tokens) * size_t(k));
-          for (float& e : x) e = fmt::round_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
-          const std::vector<float> y = run_kernel(*kern, b, x);
-          for (int m = 0; m < tokens; ++m)
-            for (int r = 0; r < rows; ++r) {
-              double ref = 0.0, mag = 0.0;
-              for (int kk = 0; kk < k; ++kk) {
-                const double p =
-                    fmt::weight(b.layout, b.ref(), r, kk) * double(x[size_t(m) * size_t(k) + size_t(kk)]);
-                ref += p;
-                mag += std::fabs(p);
-              }
-              const double got = y[size_t(m) * size_t(rows) + size_t(r)];
-              ASSERT_LE(std::fabs(got - ref), std::ldexp(1.0, -24) * (k + 64) * mag)
-                  << key.name() << " token " << m << " row " << r << " got " << got << " want " << ref;
-            }
+          expect_matches_reference(*kern, b, rng);
           ++checked;
         }
       }
