@@ -77,6 +77,10 @@ inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
 // hardware prefetcher alone.
 inline bool streams_with_prefetch(int32_t format) { return format != 0 /* bf16 */; }
 
+// Flags the runtime uses for a kernel of this tier and format on this CPU
+// (kFlagNoVbmi where the byte tables cannot be used).
+uint32_t runtime_flags(Isa isa, int32_t format, int32_t group);
+
 // Largest tokens-per-call a generated kernel holds in registers for this tier.
 int max_tokens_per_call(Isa isa, int32_t format);
 

@@ -652,6 +652,13 @@ class GeneratedKernel : public Kernel {
 
 }  // namespace
 
+uint32_t runtime_flags(Isa isa, int32_t format, int32_t group) {
+  const Format f = static_cast<Format>(format);
+  const bool eight_bit = is_e4m3(f) || f == Format::mxfp8_e5m2;
+  const bool mx32 = is_mx8(f) && group < 64;  // the tables work on 64-element chunks
+  return isa == Isa::avx512_bf16 && eight_bit && (!host_features().avx512_vbmi || mx32) ? kFlagNoVbmi : 0;
+}
+
 int max_tokens_per_call(Isa isa, int32_t format) {
   const Format f = static_cast<Format>(format);
   const int per_row = kSplit + (scaled_format(f) ? 1 : 0);

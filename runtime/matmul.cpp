@@ -15,12 +15,7 @@ void Matmul::init(jit::Isa isa, const formats::Layout& layout, uint32_t flags) {
   layout_ = layout;
   flags_ = flags;
 #if defined(MOEJIT_HAVE_JIT)
-  const bool eight_bit = layout.format == Format::fp8_block || layout.format == Format::mxfp8_e4m3 ||
-                         layout.format == Format::mxfp8_e5m2;
-  const bool mx32 =
-      (layout.format == Format::mxfp8_e4m3 || layout.format == Format::mxfp8_e5m2) && layout.group < 64;
-  if (isa == jit::Isa::avx512_bf16 && eight_bit && (!jit::host_features().avx512_vbmi || mx32))
-    flags_ |= jit::kFlagNoVbmi;
+  flags_ |= jit::runtime_flags(isa, int32_t(layout.format), layout.group);
 #endif
   xlayout_ = isa == jit::Isa::scalar ? jit::XLayout::f32 : jit::x_layout(isa, int32_t(layout.format), flags_);
   // mxfp4 groups are 32 whatever the API's group_size says (ignored for it).

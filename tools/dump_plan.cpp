@@ -10,8 +10,11 @@ namespace moejit::tools {
 using formats::Format;
 
 uint32_t runtime_flags(const MatrixSpec& m) {
-  const bool fp8_bf16 = m.isa == jit::Isa::avx512_bf16 && m.format == Format::fp8_block;
-  return fp8_bf16 && (m.no_vbmi || !jit::host_features().avx512_vbmi) ? jit::kFlagNoVbmi : 0;
+  const uint32_t flags =
+      jit::runtime_flags(m.isa, int32_t(m.format), formats::default_group(m.format, m.group_size));
+  const bool eight_bit =
+      m.format == Format::fp8_block || m.format == Format::mxfp8_e4m3 || m.format == Format::mxfp8_e5m2;
+  return m.no_vbmi && m.isa == jit::Isa::avx512_bf16 && eight_bit ? flags | jit::kFlagNoVbmi : flags;
 }
 
 jit::KernelKey runtime_key(const MatrixSpec& m, int rows, int tokens) {
