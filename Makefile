@@ -5,7 +5,7 @@ DEB_PACKAGES := cmake g++ make pkg-config libxbyak-dev libzydis-dev googletest l
                 libbenchmark-dev libdnnl-dev libcli11-dev nlohmann-json3-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test clean format
+.PHONY: all deps build demo test check fuzz fuzz-deps clean format
 
 all: build
 
@@ -30,8 +30,49 @@ demo: build
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
+# Sanitizer builds (docs/RELIABILITY.md): the whole suite under ASan + LSan + UBSan,
+# then the threaded suites under TSan. Own build directories; `make test` is untouched.
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+SAN_TYPE ?= RelWithDebInfo
+TSAN_TARGETS := test_numerics test_dedup test_reliability_concurrency
+TSAN_TESTS := Async\.|Stats\.|Dedup\.|Deterministic|Concurrency\.
+check: deps
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=$(SAN_TYPE) -DMOEJIT_SANITIZE=address,undefined -DMOEJIT_BUILD_BENCH=OFF
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
+	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=$(SAN_TYPE) -DMOEJIT_SANITIZE=thread -DMOEJIT_BUILD_BENCH=OFF \
+	  -DMOEJIT_BUILD_TOOLS=OFF
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TARGETS)
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
+
+# libFuzzer harnesses (clang 14) under ASan + UBSan, FUZZ_SECONDS each; crashing
+# inputs land in tests/fuzz/corpus/<harness>/ (see tests/fuzz/run_fuzz.sh).
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang-14
+FUZZ_CXX ?= clang++-14
+FUZZ_PACKAGES := clang-14 libclang-rt-14-dev
+fuzz-deps: deps
+	@missing=""; for p in $(FUZZ_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+fuzz: fuzz-deps
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=$(FUZZ_CC) -DCMAKE_CXX_COMPILER=$(FUZZ_CXX) \
+	  -DCMAKE_BUILD_TYPE=$(SAN_TYPE) -DMOEJIT_SANITIZE=address,undefined -DMOEJIT_FUZZ=ON \
+	  -DMOEJIT_BUILD_BENCH=OFF -DMOEJIT_BUILD_TOOLS=OFF
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_formats fuzz_capi
+	tests/fuzz/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.c')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

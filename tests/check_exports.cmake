@@ -1,6 +1,9 @@
-# cmake -DLIB=libmoejit.so -DHEADER=moejit.h -P check_exports.cmake
+# cmake -DLIB=libmoejit.so -DHEADER=moejit.h [-DSYMBOLS=abi/moejit.symbols] -P check_exports.cmake
 # The dynamic symbols libmoejit defines must be exactly the functions the public
-# header declares (api.md: only moejit_* symbols are exported).
+# header declares (api.md: only moejit_* symbols are exported), and exactly the
+# checked-in list tests/abi/moejit.symbols (the ABI guard: a symbol added to or
+# removed from the header and the library together still fails until the list
+# is changed on purpose).
 cmake_minimum_required(VERSION 3.20)
 find_program(NM nm REQUIRED)
 execute_process(COMMAND ${NM} -D --defined-only ${LIB} OUTPUT_VARIABLE nm_out RESULT_VARIABLE nm_rc)
@@ -45,7 +48,27 @@ foreach(sym IN LISTS declared)
     string(APPEND errors "declared in moejit.h but not exported: ${sym}\n")
   endif()
 endforeach()
+
+if(NOT SYMBOLS)
+  set(SYMBOLS ${CMAKE_CURRENT_LIST_DIR}/abi/moejit.symbols)
+endif()
+file(STRINGS ${SYMBOLS} listed REGEX "^[^#]")
+list(LENGTH listed n_listed)
+if(n_listed LESS 20)
+  message(FATAL_ERROR "read only ${n_listed} symbols from ${SYMBOLS}")
+endif()
+foreach(sym IN LISTS exported)
+  if(NOT sym IN_LIST listed)
+    string(APPEND errors "exported but not in ${SYMBOLS} (an ABI addition: list it on purpose): ${sym}\n")
+  endif()
+endforeach()
+foreach(sym IN LISTS listed)
+  if(NOT sym IN_LIST exported)
+    string(APPEND errors "listed in ${SYMBOLS} but not exported (an ABI break): ${sym}\n")
+  endif()
+endforeach()
+
 if(errors)
   message(FATAL_ERROR "${errors}")
 endif()
-message(STATUS "${n_declared} declared functions, all exported, nothing else exported")
+message(STATUS "${n_declared} declared functions, all exported and listed in ${SYMBOLS}, nothing else exported")

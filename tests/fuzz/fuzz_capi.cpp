@@ -1,0 +1,843 @@
+// Fuzz harness for the public C API: context, MoE and linear descriptors built
+// from the fuzz input (valid and invalid fields mixed), create, forward/submit
+// calls with valid and invalid arguments, destroy.
+//
+// The harness keeps its own model of the validation rules of docs/API.md and
+// checks every status against it: invalid -> INVALID_ARGUMENT (before
+// UNSUPPORTED), a valid descriptor of a format without kernels -> UNSUPPORTED,
+// otherwise OK; on failure *out is NULL, the message starts with the function
+// name, and no output byte is written. The library reads exactly what a
+// descriptor describes, so whenever the model says the library may read a
+// pointer, it points to memory of exactly that size (weights and scales in
+// their own mappings next to an inaccessible page, so generated code that
+// reads past them faults; everything else on the heap for ASan). Pointers the
+// library must not read (ignored fields, or anything after an invalid field)
+// hold garbage addresses. Sizes are bounded so a run stays small.
+//
+// Successful calls are checked for determinism: the same layer on a context of
+// the same tier with another thread count and dedup setting, and a second call
+// through the other entry point (forward vs submit + wait), give the same bits.
+#include <sched.h>
+#include <strings.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fuzz_util.h"
+#include "moejit.h"
+
+namespace {
+
+using fuzz::Guarded;
+using fuzz::Reader;
+
+// ---------------------------------------------------------------- rules of docs/API.md and FORMATS.md
+
+constexpr int kFormats = 9;
+// bf16 and fp8_block have kernels on every tier; the other formats are
+// recognised and may or may not have kernels yet (and may be UNSUPPORTED for
+// some descriptors, e.g. per-expert scale strides), so a valid descriptor of
+// theirs may give UNSUPPORTED as well as OK.
+bool must_be_supported(int f) { return f == MOEJIT_FORMAT_BF16 || f == MOEJIT_FORMAT_FP8_BLOCK; }
+bool block_scaled(int f) { return f == 1 || f == 2 || f == 3 || f == 5 || f == 7 || f == 8; }
+bool mx8(int f) { return f == 7 || f == 8; }
+int group_of(int f, int32_t group_size) {
+  switch (f) {
+    case 1: return 16;
+    case 5: return 128;
+    case 7:
+    case 8: return group_size ? group_size : 32;
+    default: return 32;
+  }
+}
+int64_t row_bytes(int f, int64_t k) {
+  switch (f) {
+    case 0: return 2 * k;
+    case 1:
+    case 2:
+    case 3: return k / 2;
+    case 4: return k / 32 * 18;
+    case 6: return k / 32 * 34;
+    default: return k;
+  }
+}
+int64_t scale_cols(int f, int group, int64_t k) { return block_scaled(f) ? (k + group - 1) / group : 0; }
+int64_t scale_rows(int f, int64_t rows) { return !block_scaled(f) ? 0 : f == 5 ? (rows + 127) / 128 : rows; }
+int64_t scale_elem(int f, int sdt) { return !block_scaled(f) ? 0 : f == 5 ? (sdt == 1 ? 4 : 2) : 1; }
+
+// Garbage the library must never dereference.
+const void* garbage(Reader& in) {
+  static const uintptr_t kBad[] = {0x10, 0xdead0000, uintptr_t(-4096), 0x7fffffff0000};
+  return reinterpret_cast<const void*>(kBad[in.u8() % 4]);
+}
+
+template <class E>
+int32_t raw(const E& field) {
+  int32_t v;
+  std::memcpy(&v, &field, sizeof(v));
+  return v;
+}
+
+template <class E>
+void set_enum(E& field, int32_t v) {
+  static_assert(sizeof(E) == sizeof(int32_t), "C enums are int-sized");
+  std::memcpy(&field, &v, sizeof(v));  // any int, as a C caller may store
+}
+
+// An integer field: mostly in [lo, hi]; sometimes one of `bad` (all invalid by themselves).
+int32_t pick(Reader& in, int32_t lo, int32_t hi, std::initializer_list<int32_t> bad, bool* invalid) {
+  if (bad.size() && in.chance(10)) {
+    *invalid = true;
+    return bad.begin()[in.u8() % bad.size()];
+  }
+  return int32_t(in.range(lo, hi));
+}
+
+// ---------------------------------------------------------------- contexts
+
+moejit_isa g_host = MOEJIT_ISA_SCALAR;
+// FUZZ_CAPI_VERBOSE=1: print every descriptor and call (to turn a crashing input into a report).
+bool g_verbose = false;
+// [tier][variant]: variant 0 = 1 worker, 1 = 2 workers without dedup, 2 = 3 workers.
+moejit_context* g_ctx[5][3] = {};
+
+void init() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  unsetenv("MOEJIT_MAX_ISA");
+  unsetenv("MOEJIT_DEDUP");
+  unsetenv("MOEJIT_DEDUP_DEBUG");
+  g_host = moejit_host_isa();
+  g_verbose = std::getenv("FUZZ_CAPI_VERBOSE") != nullptr;
+  for (int t = MOEJIT_ISA_SCALAR; t <= g_host; ++t)
+    for (int v = 0; v < 3; ++v) {
+      moejit_context_desc d;
+      std::memset(&d, 0, sizeof(d));
+      d.struct_size = sizeof(d);
+      d.num_threads = v + 1;
+      d.max_isa = static_cast<moejit_isa>(t);
+      d.flags = v == 1 ? MOEJIT_CONTEXT_NO_DEDUP : 0;
+      FUZZ_CHECK(moejit_context_create(&d, &g_ctx[t][v]) == MOEJIT_OK, "context: %s", moejit_last_error());
+      FUZZ_CHECK(moejit_context_isa(g_ctx[t][v]) == t, "context tier %d",
+                 int(moejit_context_isa(g_ctx[t][v])));
+    }
+  // NULL handles (docs/API.md "NULL handles").
+  FUZZ_CHECK(moejit_context_isa(nullptr) == MOEJIT_ISA_AUTO, "context_isa(NULL)");
+  FUZZ_CHECK(moejit_context_num_threads(nullptr) == 0, "context_num_threads(NULL)");
+  FUZZ_CHECK(moejit_context_wait(nullptr) == MOEJIT_INVALID_ARGUMENT, "context_wait(NULL)");
+  moejit_context_destroy(nullptr);
+  moejit_moe_destroy(nullptr);
+  moejit_linear_destroy(nullptr);
+}
+
+void expect_failure(moejit_status st, moejit_status want, const char* fn) {
+  FUZZ_CHECK(st == want, "%s returned %s, the model expects %s; message \"%s\"", fn, moejit_status_name(st),
+             moejit_status_name(want), moejit_last_error());
+  if (st != MOEJIT_OK) {
+    const std::string msg = moejit_last_error();
+    const std::string prefix = std::string(fn) + ": ";
+    FUZZ_CHECK(msg.compare(0, prefix.size(), prefix) == 0 && msg.size() > prefix.size(),
+               "%s: message \"%s\" does not start with \"%s\"", fn, msg.c_str(), prefix.c_str());
+  }
+}
+
+// A descriptor of `size` bytes: the known structure, then (past it) zeros or,
+// when `dirty`, one non-zero byte. Exactly `size` bytes are allocated.
+template <class Desc>
+struct SizedDesc {
+  std::vector<uint8_t> bytes;
+  const Desc* get() const { return reinterpret_cast<const Desc*>(bytes.data()); }
+};
+
+template <class Desc>
+SizedDesc<Desc> sized(Reader& in, Desc d, bool* invalid) {
+  uint32_t size = sizeof(Desc);
+  bool dirty = false;
+  switch (in.u8() % 16) {
+    case 0:
+      size = uint32_t(in.range(0, sizeof(Desc) - 1)), *invalid = true;
+      break;                                                         // older than this library
+    case 1: size = sizeof(Desc) + uint32_t(in.range(1, 64)); break;  // newer caller, zero tail
+    case 2:
+      size = sizeof(Desc) + uint32_t(in.range(1, 64)), dirty = true,
+      *invalid = true;  // newer caller, fields set
+      break;
+    default: break;
+  }
+  d.struct_size = size;
+  SizedDesc<Desc> s;
+  // Never fewer than the 4 bytes of struct_size itself; nothing past `size` may be read.
+  s.bytes.assign(size < 4 ? 4 : size, 0);
+  std::memcpy(s.bytes.data(), &d, size < sizeof(Desc) ? (size < 4 ? 4 : size) : sizeof(Desc));
+  if (dirty) s.bytes[sizeof(Desc) + size_t(in.range(0, size - sizeof(Desc) - 1))] = uint8_t(in.range(1, 255));
+  return s;
+}
+
+// ---------------------------------------------------------------- matrices
+
+// One bank: the memory of one [rows, K] matrix (several experts may share it).
+struct Bank {
+  Guarded data, scales;
+  std::vector<uint16_t> bias;
+  std::vector<float> row_scales;
+  moejit_matrix m{};
+  bool invalid = false;  // the model says the library rejects this matrix
+};
+
+// Builds a matrix of format f for [rows, k]; with `corrupt`, maybe one invalid field.
+void make_bank(Reader& in, Bank& b, int f, int sdt, int group, int64_t rows, int64_t k, bool corrupt,
+               bool shapes_valid) {
+  std::memset(&b.m, 0, sizeof(b.m));
+  const int64_t cols = scale_cols(f, group, k), srows = scale_rows(f, rows);
+  int64_t stride = 0;
+  if (block_scaled(f)) {
+    const int s = in.u8() % 4;
+    stride = s == 0 ? 0 : cols + (s == 3 ? in.range(1, 9) : 0);
+  } else {
+    stride = in.chance(20) ? in.range(0, 1 << 20) : 0;  // ignored, any value >= 0
+  }
+  const bool at_end = in.flag();
+  if (shapes_valid) {
+    const int64_t rs = stride ? stride : cols;
+    b.data.init(size_t(rows * row_bytes(f, k)), at_end);
+    in.fill(b.data.data(), b.data.size());
+    if (block_scaled(f)) {
+      // The last scale row without its padding.
+      b.scales.init(size_t(((srows - 1) * rs + cols) * scale_elem(f, sdt)), !at_end);
+      in.fill(b.scales.data(), b.scales.size());
+      if (f == 5 && sdt == 0 && in.flag())  // sane bf16 scales: 2^-8 .. 2^7
+        for (size_t i = 1; i < b.scales.size(); i += 2) b.scales.data()[i] = uint8_t(0x3B + in.range(0, 7));
+      if (f == 5 && sdt == 1 && in.flag())
+        for (size_t i = 3; i < b.scales.size(); i += 4) b.scales.data()[i] = uint8_t(0x3B + in.range(0, 7));
+    }
+    if (f == 1) {
+      b.row_scales.resize(size_t(rows));
+      for (auto& v : b.row_scales) v = in.f32();
+    }
+    if (in.chance(64)) {
+      b.bias.resize(size_t(rows));
+      for (auto& v : b.bias) v = in.u16();
+    }
+  }
+  b.m.data = shapes_valid ? b.data.data() : garbage(in);
+  b.m.scales = block_scaled(f) && shapes_valid ? b.scales.data() : garbage(in);
+  b.m.scale_row_stride = stride;
+  b.m.row_scales = f == 1 && shapes_valid ? b.row_scales.data()
+                   : in.flag()            ? static_cast<const float*>(garbage(in))
+                                          : nullptr;
+  b.m.bias = b.bias.empty() ? nullptr : b.bias.data();
+  if (!corrupt) return;
+  b.invalid = true;
+  switch (in.u8() % 5) {
+    case 0: b.m.data = nullptr; break;
+    case 1:
+      if (block_scaled(f))
+        b.m.scales = nullptr;
+      else
+        b.m.scale_row_stride = -in.range(1, 1 << 30);
+      break;
+    case 2: b.m.scale_row_stride = -in.range(1, 1000); break;
+    case 3:
+      if (block_scaled(f) && cols > 1)
+        b.m.scale_row_stride = in.range(1, cols - 1);
+      else if (block_scaled(f))
+        b.m.scale_row_stride = (int64_t(1) << 40) + in.range(1, 1000);  // too large
+      else
+        b.m.data = nullptr;
+      break;
+    case 4:
+      if (f == 1)
+        b.m.row_scales = nullptr;
+      else if (block_scaled(f))
+        b.m.scale_row_stride = in.flag() ? std::numeric_limits<int64_t>::max() : (int64_t(1) << 41);
+      else
+        b.m.data = nullptr;
+      break;
+  }
+}
+
+size_t out_bytes(int dt) { return dt == MOEJIT_DTYPE_F32 ? 4 : 2; }
+
+bool same_bits(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, int dt, size_t* where) {
+  const size_t es = out_bytes(dt);
+  for (size_t i = 0; i + es <= a.size(); i += es) {
+    if (std::memcmp(&a[i], &b[i], es) == 0) continue;
+    bool nan_a, nan_b;
+    if (es == 4) {
+      float x, y;
+      std::memcpy(&x, &a[i], 4);
+      std::memcpy(&y, &b[i], 4);
+      nan_a = std::isnan(x), nan_b = std::isnan(y);
+    } else {
+      const int va = a[i] | a[i + 1] << 8, vb = b[i] | b[i + 1] << 8;
+      nan_a = (va & 0x7F80) == 0x7F80 && (va & 0x7F);
+      nan_b = (vb & 0x7F80) == 0x7F80 && (vb & 0x7F);
+    }
+    if (nan_a && nan_b) continue;  // NaN payloads are not part of the contract
+    *where = i / es;
+    return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- calls
+
+struct CallArgs {
+  int32_t T = 0;
+  std::vector<uint16_t> x;
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  const uint16_t* xp = nullptr;
+  const int32_t* idp = nullptr;
+  const float* wp = nullptr;
+  bool y_null = false;
+  bool invalid = false;
+  uint64_t routes = 0;  // non-negative ids
+};
+
+CallArgs make_call(Reader& in, int32_t max_tokens, int32_t top_k, int32_t E, int32_t K) {
+  CallArgs c;
+  switch (in.u8() % 16) {
+    case 0: c.T = 0; break;
+    case 1: c.T = -int32_t(in.range(1, 3)), c.invalid = true; break;
+    case 2: c.T = max_tokens + int32_t(in.range(1, 3)), c.invalid = true; break;
+    case 3: c.T = std::numeric_limits<int32_t>::min(), c.invalid = true; break;
+    default: c.T = int32_t(in.range(1, max_tokens)); break;
+  }
+  // Buffers for what a valid call of this size reads (never more than max_tokens rows).
+  const int32_t rows = c.T < 0 ? 0 : c.T > max_tokens ? max_tokens : c.T;
+  c.x.resize(size_t(rows) * size_t(K));
+  for (auto& v : c.x) v = in.chance(16) ? in.u16() : uint16_t((in.u16() & 0x80FF) | 0x3C00);
+  c.ids.resize(size_t(rows) * size_t(top_k));
+  for (auto& v : c.ids) {
+    const uint8_t r = in.u8();
+    v = r < 200   ? int32_t(in.range(0, E - 1))
+        : r < 230 ? -int32_t(in.range(1, 3))
+                  : std::numeric_limits<int32_t>::min();
+  }
+  if (!c.ids.empty() && in.chance(12)) {
+    c.ids[size_t(in.range(0, int64_t(c.ids.size()) - 1))] =
+        in.flag() ? E + int32_t(in.range(0, 3)) : std::numeric_limits<int32_t>::max();
+    c.invalid = true;
+  }
+  for (int32_t id : c.ids) c.routes += id >= 0 && id < E;
+  c.w.resize(size_t(rows) * size_t(top_k));
+  for (auto& v : c.w) v = in.chance(8) ? in.f32() : float(in.range(-64, 64)) / 32.0f;
+  // Empty vectors still give a real (non-NULL) pointer.
+  static uint16_t one_x;
+  static int32_t one_id;
+  static float one_w;
+  c.xp = c.x.empty() ? &one_x : c.x.data();
+  c.idp = c.ids.empty() ? &one_id : c.ids.data();
+  c.wp = c.w.empty() ? &one_w : c.w.data();
+  if (c.T > 0 && c.T <= max_tokens) {
+    switch (in.u8() % 32) {
+      case 0: c.xp = nullptr, c.invalid = true; break;
+      case 1: c.idp = nullptr, c.invalid = true; break;
+      case 2: c.wp = nullptr, c.invalid = true; break;
+      case 3: c.y_null = true, c.invalid = true; break;
+      default: break;
+    }
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------- MoE
+
+struct MoeModel {
+  moejit_moe_desc d{};
+  std::vector<Bank> gu_banks, dn_banks;
+  std::vector<moejit_matrix> gu, dn;
+  bool invalid = false;
+};
+
+void fuzz_moe(Reader& in) {
+  const int tier = int(in.range(MOEJIT_ISA_SCALAR, g_host));
+  const int variant = int(in.range(0, 2));
+  moejit_context* ctx = g_ctx[tier][variant];
+  MoeModel mm;
+  moejit_moe_desc& d = mm.d;
+  std::memset(&d, 0, sizeof(d));
+  d.struct_size = sizeof(d);
+  bool inv = false;
+
+  // Format fields.
+  int f = in.chance(200) ? (in.flag() ? MOEJIT_FORMAT_BF16 : MOEJIT_FORMAT_FP8_BLOCK)
+                         : int(in.range(0, kFormats - 1));
+  if (in.chance(6)) {
+    const int32_t bad[] = {-1, kFormats, 100, std::numeric_limits<int32_t>::min()};
+    set_enum(d.format, bad[in.u8() % 4]);
+    inv = true;
+    f = -1;
+  } else {
+    set_enum(d.format, f);
+  }
+  int sdt = 0;
+  if (f == MOEJIT_FORMAT_FP8_BLOCK) {
+    sdt = in.flag();
+    if (in.chance(8))
+      set_enum(d.scale_dtype, int32_t(in.range(2, 5))), inv = true;
+    else
+      set_enum(d.scale_dtype, sdt);
+  } else if (in.chance(8)) {
+    set_enum(d.scale_dtype, int32_t(in.range(1, 3))), inv = true;
+  }
+  if (mx8(f)) {
+    static const int32_t kOk[] = {0, 32, 64, 128};
+    d.group_size = kOk[in.u8() % 4];
+    if (in.chance(8)) d.group_size = in.flag() ? int32_t(in.range(1, 31)) : 96, inv = true;
+  } else {
+    d.group_size = in.chance(30) ? in.i32() : 0;  // ignored by other formats
+  }
+  const int fv = f < 0 ? 0 : f;
+  const int group = group_of(fv, d.group_size);
+
+  // Sizes: small and valid for the format's K rule, or invalid by themselves.
+  auto pick_k = [&]() -> int32_t {
+    if (in.chance(8)) {
+      inv = true;
+      if (fv != 0 && fv != 5 && in.flag())
+        return int32_t(group_of(fv, d.group_size) * in.range(1, 4) + in.range(1, 15));
+      const int32_t bad[] = {0, -1, -128, std::numeric_limits<int32_t>::min()};
+      return bad[in.u8() % 4];
+    }
+    if (fv == 0 || fv == 5) return int32_t(in.chance(40) ? in.range(1, 8) : in.range(1, 400));
+    const int32_t g = fv == 1 ? 16 : group;
+    return int32_t(g * in.range(1, 256 / g > 0 ? 256 / g + 1 : 1));
+  };
+  d.hidden = pick_k();
+  d.intermediate = pick_k();
+  d.num_experts = pick(in, 1, 24, {0, -1, std::numeric_limits<int32_t>::min()}, &inv);
+  if (in.chance(6)) {
+    d.top_k = in.flag() ? 0 : d.num_experts + int32_t(in.range(1, 4));
+    inv = true;
+  } else {
+    d.top_k = int32_t(in.range(1, d.num_experts > 0 ? (d.num_experts < 8 ? d.num_experts : 8) : 1));
+    if (d.num_experts < 1) d.top_k = 1;
+  }
+  d.max_tokens = pick(in, 1, 8, {0, -1, -100000}, &inv);
+  int32_t act = int32_t(in.range(0, 4));
+  if (in.chance(8)) act = in.flag() ? 5 : (in.flag() ? -1 : in.i32() | 0x100), inv = true;
+  set_enum(d.activation, act);
+  switch (in.u8() % 16) {
+    case 0: d.swiglu_alpha = NAN, inv = true; break;
+    case 1: d.swiglu_alpha = in.flag() ? INFINITY : -INFINITY, inv = true; break;
+    case 2:
+    case 3: d.swiglu_alpha = float(in.range(-300, 300)) / 64.0f; break;
+    default: d.swiglu_alpha = 0; break;
+  }
+  switch (in.u8() % 16) {
+    case 0: d.swiglu_limit = NAN, inv = true; break;
+    case 1: d.swiglu_limit = in.flag() ? -INFINITY : -float(in.range(1, 100)) / 8.0f, inv = true; break;
+    case 2: d.swiglu_limit = INFINITY; break;
+    case 3:
+    case 4: d.swiglu_limit = float(in.range(1, 100)) / 8.0f; break;
+    default: d.swiglu_limit = 0; break;
+  }
+  d.gate_up_interleaved = pick(in, 0, 1, {2, -1, 256}, &inv);
+  d.router_weight_on_input = pick(in, 0, 1, {2, -1, 0x10001}, &inv);
+  int32_t odt = int32_t(in.range(0, 1));
+  if (in.chance(8)) odt = in.flag() ? 2 : -1, inv = true;
+  set_enum(d.output_dtype, odt);
+
+  // Weight memory is only sized when every scalar field is valid; otherwise the
+  // matrices hold garbage addresses (create only looks at pointer values).
+  // The arrays themselves are real whenever they have entries to read.
+  const bool shapes_valid = !inv;
+  const int32_t E = d.num_experts;
+  const bool gu_null = in.chance(4), dn_null = in.chance(4);
+  if (gu_null || dn_null) inv = true;
+  if (E >= 1) {
+    mm.gu.resize(size_t(E));
+    mm.dn.resize(size_t(E));
+    if (shapes_valid) {
+      const int nb = int(in.range(1, 3));
+      mm.gu_banks.resize(size_t(nb));
+      mm.dn_banks.resize(size_t(nb));
+      const int bad_bank = in.chance(24) ? int(in.range(0, 2 * nb - 1)) : -1;
+      for (int b = 0; b < nb; ++b) {
+        make_bank(in, mm.gu_banks[size_t(b)], fv, sdt, group, 2 * int64_t(d.intermediate), d.hidden,
+                  bad_bank == b, true);
+        make_bank(in, mm.dn_banks[size_t(b)], fv, sdt, group, d.hidden, d.intermediate, bad_bank == nb + b,
+                  true);
+      }
+      // Experts map to banks; an invalid bank only counts if some expert uses it.
+      const int shift = int(in.range(0, nb - 1));
+      for (int32_t e = 0; e < E; ++e) {
+        const Bank& g = mm.gu_banks[size_t((e + shift) % nb)];
+        const Bank& h = mm.dn_banks[size_t((e + shift) % nb)];
+        mm.gu[size_t(e)] = g.m;
+        mm.dn[size_t(e)] = h.m;
+        if ((g.invalid && !gu_null) || (h.invalid && !dn_null)) inv = true;
+      }
+    } else {
+      for (auto* v : {&mm.gu, &mm.dn})
+        for (auto& m : *v) {
+          std::memset(&m, 0, sizeof(m));
+          m.data = garbage(in);
+          m.scales = garbage(in);
+        }
+    }
+    d.gate_up = mm.gu.data();
+    d.down = mm.dn.data();
+  } else {
+    d.gate_up = static_cast<const moejit_matrix*>(garbage(in));  // no entries to read
+    d.down = static_cast<const moejit_matrix*>(garbage(in));
+  }
+  if (gu_null) d.gate_up = nullptr;
+  if (dn_null) d.down = nullptr;
+
+  bool size_inv = false;
+  const SizedDesc<moejit_moe_desc> sd = sized(in, d, &size_inv);
+  if (size_inv) inv = true;
+
+  if (g_verbose) {
+    std::fprintf(
+        stderr,
+        "moe: tier %s variant %d | format %d scale_dtype %d group_size %d H %d I %d E %d top_k %d "
+        "max_tokens %d act %d alpha %g limit %g interleaved %d rwoi %d out %d struct_size %u | model %s\n",
+        moejit_isa_name(moejit_isa(tier)), variant, raw(d.format), raw(d.scale_dtype), d.group_size, d.hidden,
+        d.intermediate, d.num_experts, d.top_k, d.max_tokens, raw(d.activation), double(d.swiglu_alpha),
+        double(d.swiglu_limit), d.gate_up_interleaved, d.router_weight_on_input, raw(d.output_dtype),
+        sd.get()->struct_size, inv ? "invalid" : "valid");
+    for (size_t b = 0; b < mm.gu_banks.size(); ++b)
+      for (const Bank* bk : {&mm.gu_banks[b], &mm.dn_banks[b]})
+        std::fprintf(
+            stderr,
+            "  %s bank %zu: data %zu bytes [%p, %p), scales %zu bytes [%p, %p), stride %lld, bias %d, "
+            "row_scales %d%s\n",
+            bk == &mm.gu_banks[b] ? "gate_up" : "down", b, bk->data.size(), (const void*)bk->data.data(),
+            (const void*)(bk->data.data() + bk->data.size()), bk->scales.size(),
+            (const void*)bk->scales.data(), (const void*)(bk->scales.data() + bk->scales.size()),
+            (long long)bk->m.scale_row_stride, bk->m.bias != nullptr, bk->m.row_scales != nullptr,
+            bk->invalid ? " (invalid)" : "");
+  }
+  // Rare: NULL out, ctx or desc.
+  moejit_moe* out = reinterpret_cast<moejit_moe*>(uintptr_t(0x10));
+  const uint8_t nulls = in.u8();
+  moejit_status want = inv ? MOEJIT_INVALID_ARGUMENT : MOEJIT_OK;
+  moejit_status st;
+  if (nulls == 255) {
+    st = moejit_moe_create(ctx, sd.get(), nullptr);
+    expect_failure(st, MOEJIT_INVALID_ARGUMENT, "moejit_moe_create");
+    return;
+  } else if (nulls == 254) {
+    st = moejit_moe_create(nullptr, sd.get(), &out);
+    want = MOEJIT_INVALID_ARGUMENT;
+  } else if (nulls == 253) {
+    st = moejit_moe_create(ctx, nullptr, &out);
+    want = MOEJIT_INVALID_ARGUMENT;
+  } else {
+    st = moejit_moe_create(ctx, sd.get(), &out);
+  }
+  if (want == MOEJIT_OK && st == MOEJIT_UNSUPPORTED && !must_be_supported(f)) want = MOEJIT_UNSUPPORTED;
+  if (want != MOEJIT_OK) {
+    expect_failure(st, want, "moejit_moe_create");
+    FUZZ_CHECK(out == nullptr, "moejit_moe_create failed but *out = %p", static_cast<void*>(out));
+    return;
+  }
+  FUZZ_CHECK(st == MOEJIT_OK && out, "moejit_moe_create: %s, model expects ok: %s", moejit_status_name(st),
+             moejit_last_error());
+  std::unique_ptr<moejit_moe, void (*)(moejit_moe*)> moe(out, moejit_moe_destroy);
+
+  // The same layer on another context of the same tier (other threads and dedup).
+  moejit_moe* twin_raw = nullptr;
+  FUZZ_CHECK(moejit_moe_create(g_ctx[tier][(variant + 1) % 3], &d, &twin_raw) == MOEJIT_OK, "twin: %s",
+             moejit_last_error());
+  std::unique_ptr<moejit_moe, void (*)(moejit_moe*)> twin(twin_raw, moejit_moe_destroy);
+
+  const int32_t H = d.hidden;
+  const size_t row = size_t(H) * out_bytes(odt);
+  uint64_t calls = 0, routes = 0;
+  for (int call = 0, ncalls = int(in.range(1, 3)); call < ncalls; ++call) {
+    CallArgs c = make_call(in, d.max_tokens, d.top_k, E, H);
+    if (g_verbose) {
+      std::fprintf(stderr, "  call %d: num_tokens %d%s, ids", call, c.T, c.invalid ? " (invalid)" : "");
+      for (size_t i = 0; i < c.ids.size() && i < 64; ++i) std::fprintf(stderr, " %d", c.ids[i]);
+      std::fprintf(stderr, "\n");
+    }
+    const int32_t rows = c.T < 0 ? 0 : c.T > d.max_tokens ? d.max_tokens : c.T;
+    // y: exactly the rows a call of this size may write, filled with a sentinel.
+    std::vector<uint8_t> y(size_t(rows) * row, 0xA5), y2(y.size(), 0xA5), y3(y.size(), 0xA5);
+    void* yp = c.y_null ? nullptr : y.empty() ? static_cast<void*>(&c) : y.data();
+    const bool use_submit = in.flag();
+    if (use_submit) {
+      st = moejit_moe_submit(moe.get(), c.T, c.xp, c.idp, c.wp, yp);
+      if (st == MOEJIT_OK && c.T > 0) {
+        // In flight until wait returns: every other call on the context is BUSY.
+        const moejit_status busy = moejit_moe_forward(moe.get(), c.T, c.xp, c.idp, c.wp, y2.data());
+        FUZZ_CHECK(busy == MOEJIT_BUSY, "forward while a submit is in flight: %s", moejit_status_name(busy));
+        FUZZ_CHECK(moejit_context_wait(ctx) == MOEJIT_OK, "wait: %s", moejit_last_error());
+      }
+    } else {
+      st = moejit_moe_forward(moe.get(), c.T, c.xp, c.idp, c.wp, yp);
+    }
+    const char* fn = use_submit ? "moejit_moe_submit" : "moejit_moe_forward";
+    if (c.invalid) {
+      expect_failure(st, MOEJIT_INVALID_ARGUMENT, fn);
+      for (size_t i = 0; i < y.size(); ++i) FUZZ_CHECK(y[i] == 0xA5, "%s failed but wrote y byte %zu", fn, i);
+      continue;
+    }
+    FUZZ_CHECK(st == MOEJIT_OK, "%s: %s (%s)", fn, moejit_status_name(st), moejit_last_error());
+    for (size_t i = 0; i < y2.size(); ++i) FUZZ_CHECK(y2[i] == 0xA5, "a BUSY call wrote y byte %zu", i);
+    if (c.T == 0) {
+      for (size_t i = 0; i < y.size(); ++i) FUZZ_CHECK(y[i] == 0xA5, "num_tokens = 0 wrote y");
+      continue;
+    }
+    ++calls;
+    routes += c.routes;
+    // Determinism: the other entry point, and the twin layer.
+    if (use_submit)
+      st = moejit_moe_forward(moe.get(), c.T, c.xp, c.idp, c.wp, y2.data());
+    else if ((st = moejit_moe_submit(moe.get(), c.T, c.xp, c.idp, c.wp, y2.data())) == MOEJIT_OK)
+      st = moejit_context_wait(ctx);
+    FUZZ_CHECK(st == MOEJIT_OK, "repeat call: %s", moejit_last_error());
+    ++calls;
+    routes += c.routes;
+    FUZZ_CHECK(moejit_moe_forward(twin.get(), c.T, c.xp, c.idp, c.wp, y3.data()) == MOEJIT_OK,
+               "twin call: %s", moejit_last_error());
+    size_t where = 0;
+    FUZZ_CHECK(same_bits(y, y2, odt, &where), "MoE: a repeated call differs at output %zu", where);
+    FUZZ_CHECK(same_bits(y, y3, odt, &where),
+               "MoE: tier %s, %d vs %d workers (dedup %d vs %d) differ at output %zu",
+               moejit_isa_name(moejit_isa(tier)), variant + 1, (variant + 1) % 3 + 1, variant != 1,
+               (variant + 1) % 3 != 1, where);
+  }
+  moejit_moe_stats s;
+  std::memset(&s, 0, sizeof(s));
+  s.struct_size = sizeof(s);
+  FUZZ_CHECK(moejit_moe_stats_get(moe.get(), &s) == MOEJIT_OK, "stats: %s", moejit_last_error());
+  FUZZ_CHECK(s.calls == calls && s.routes == routes, "stats: calls %llu routes %llu, want %llu %llu",
+             (unsigned long long)s.calls, (unsigned long long)s.routes, (unsigned long long)calls,
+             (unsigned long long)routes);
+  s.struct_size = sizeof(s) - 1;
+  FUZZ_CHECK(moejit_moe_stats_get(moe.get(), &s) == MOEJIT_INVALID_ARGUMENT,
+             "stats with a short struct_size");
+  if (in.flag()) moejit_context_wait(ctx);  // nothing in flight: OK at once
+}
+
+// ---------------------------------------------------------------- linear
+
+void fuzz_linear(Reader& in) {
+  const int tier = int(in.range(MOEJIT_ISA_SCALAR, g_host));
+  const int variant = int(in.range(0, 2));
+  moejit_context* ctx = g_ctx[tier][variant];
+  moejit_linear_desc d;
+  std::memset(&d, 0, sizeof(d));
+  d.struct_size = sizeof(d);
+  bool inv = false;
+  int f = in.chance(200) ? (in.flag() ? MOEJIT_FORMAT_BF16 : MOEJIT_FORMAT_FP8_BLOCK)
+                         : int(in.range(0, kFormats - 1));
+  if (in.chance(6)) {
+    set_enum(d.format, in.flag() ? kFormats : -1);
+    inv = true;
+    f = -1;
+  } else {
+    set_enum(d.format, f);
+  }
+  const int fv = f < 0 ? 0 : f;
+  int sdt = 0;
+  if (f == MOEJIT_FORMAT_FP8_BLOCK) {
+    sdt = in.flag();
+    if (in.chance(8))
+      set_enum(d.scale_dtype, int32_t(in.range(2, 5))), inv = true;
+    else
+      set_enum(d.scale_dtype, sdt);
+  } else if (in.chance(8)) {
+    set_enum(d.scale_dtype, 1), inv = true;
+  }
+  if (mx8(f)) {
+    static const int32_t kOk[] = {0, 32, 64, 128};
+    d.group_size = kOk[in.u8() % 4];
+    if (in.chance(8)) d.group_size = 48, inv = true;
+  } else {
+    d.group_size = in.chance(30) ? in.i32() : 0;
+  }
+  const int group = group_of(fv, d.group_size);
+  d.rows = pick(in, 1, 300, {0, -1, std::numeric_limits<int32_t>::min()}, &inv);
+  if (in.chance(8)) {
+    d.cols = in.flag() ? 0 : -7;
+    inv = true;
+  } else if (fv == 0 || fv == 5) {
+    d.cols = int32_t(in.range(1, 700));
+  } else {
+    const int32_t g = fv == 1 ? 16 : group;
+    d.cols = int32_t(g * in.range(1, 512 / g));
+    if (in.chance(8)) d.cols += int32_t(in.range(1, g - 1)), inv = true;
+  }
+  d.max_tokens = pick(in, 1, 12, {0, -3, (1 << 20) + 1}, &inv);
+  int32_t odt = int32_t(in.range(0, 1));
+  if (in.chance(8)) odt = 7, inv = true;
+  set_enum(d.output_dtype, odt);
+  Bank bank;
+  if (!inv) {
+    make_bank(in, bank, fv, sdt, group, d.rows, d.cols, in.chance(24), true);
+    if (bank.invalid) inv = true;
+  } else {
+    make_bank(in, bank, fv, sdt, group, 1, 1, false, false);
+  }
+  d.weight = bank.m;
+  bool size_inv = false;
+  const SizedDesc<moejit_linear_desc> sd = sized(in, d, &size_inv);
+  if (size_inv) inv = true;
+  if (g_verbose)
+    std::fprintf(
+        stderr,
+        "linear: tier %s variant %d | format %d scale_dtype %d group_size %d rows %d cols %d max_tokens %d "
+        "out %d struct_size %u | data %zu bytes, scales %zu bytes, stride %lld, bias %d | model %s\n",
+        moejit_isa_name(moejit_isa(tier)), variant, raw(d.format), raw(d.scale_dtype), d.group_size, d.rows,
+        d.cols, d.max_tokens, raw(d.output_dtype), sd.get()->struct_size, bank.data.size(),
+        bank.scales.size(), (long long)bank.m.scale_row_stride, bank.m.bias != nullptr,
+        inv ? "invalid" : "valid");
+  moejit_linear* out = reinterpret_cast<moejit_linear*>(uintptr_t(0x10));
+  moejit_status want = inv ? MOEJIT_INVALID_ARGUMENT : MOEJIT_OK;
+  moejit_status st = moejit_linear_create(ctx, sd.get(), &out);
+  if (want == MOEJIT_OK && st == MOEJIT_UNSUPPORTED && !must_be_supported(f)) want = MOEJIT_UNSUPPORTED;
+  if (want != MOEJIT_OK) {
+    expect_failure(st, want, "moejit_linear_create");
+    FUZZ_CHECK(out == nullptr, "moejit_linear_create failed but *out = %p", static_cast<void*>(out));
+    return;
+  }
+  FUZZ_CHECK(st == MOEJIT_OK && out, "moejit_linear_create: %s, model expects ok: %s", moejit_status_name(st),
+             moejit_last_error());
+  std::unique_ptr<moejit_linear, void (*)(moejit_linear*)> lin(out, moejit_linear_destroy);
+  moejit_linear* twin_raw = nullptr;
+  FUZZ_CHECK(moejit_linear_create(g_ctx[tier][(variant + 1) % 3], &d, &twin_raw) == MOEJIT_OK, "twin: %s",
+             moejit_last_error());
+  std::unique_ptr<moejit_linear, void (*)(moejit_linear*)> twin(twin_raw, moejit_linear_destroy);
+
+  const size_t row = size_t(d.rows) * out_bytes(odt);
+  for (int call = 0, ncalls = int(in.range(1, 3)); call < ncalls; ++call) {
+    CallArgs c = make_call(in, d.max_tokens, 1, 1, d.cols);
+    const int32_t rows = c.T < 0 ? 0 : c.T > d.max_tokens ? d.max_tokens : c.T;
+    std::vector<uint8_t> y(size_t(rows) * row, 0xA5), y2(y.size(), 0xA5);
+    const bool bad_ptr = c.T > 0 && c.T <= d.max_tokens && (c.xp == nullptr || c.y_null);
+    const bool invalid = c.T < 0 || c.T > d.max_tokens || bad_ptr;
+    void* yp = c.y_null ? nullptr : y.empty() ? static_cast<void*>(&c) : y.data();
+    st = moejit_linear_forward(lin.get(), c.T, c.xp, yp);
+    if (invalid) {
+      expect_failure(st, MOEJIT_INVALID_ARGUMENT, "moejit_linear_forward");
+      for (size_t i = 0; i < y.size(); ++i) FUZZ_CHECK(y[i] == 0xA5, "linear_forward failed but wrote y");
+      continue;
+    }
+    FUZZ_CHECK(st == MOEJIT_OK, "moejit_linear_forward: %s", moejit_last_error());
+    if (c.T == 0) continue;
+    FUZZ_CHECK(moejit_linear_forward(twin.get(), c.T, c.xp, y2.data()) == MOEJIT_OK, "twin: %s",
+               moejit_last_error());
+    size_t where = 0;
+    FUZZ_CHECK(same_bits(y, y2, odt, &where), "linear: tier %s, %d vs %d workers differ at output %zu",
+               moejit_isa_name(moejit_isa(tier)), variant + 1, (variant + 1) % 3 + 1, where);
+  }
+}
+
+// ---------------------------------------------------------------- context
+
+void fuzz_context(Reader& in) {
+  moejit_context_desc d;
+  std::memset(&d, 0, sizeof(d));
+  d.struct_size = sizeof(d);
+  bool inv = false, unsupported = false;
+  d.num_threads = pick(
+      in, 0, 3, {-1, 1025, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()}, &inv);
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  FUZZ_CHECK(sched_getaffinity(0, sizeof(mask), &mask) == 0, "sched_getaffinity");
+  std::vector<int32_t> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mask)) allowed.push_back(c);
+  std::vector<int32_t> ids;
+  const int n_ids = in.chance(128) ? int(in.range(1, 4)) : 0;
+  for (int i = 0; i < n_ids; ++i) {
+    const uint8_t r = in.u8();
+    if (r < 230) {
+      ids.push_back(allowed[size_t(in.range(0, int64_t(allowed.size()) - 1))]);
+    } else {
+      const int32_t bad[] = {-1, CPU_SETSIZE, std::numeric_limits<int32_t>::max(), 4095};
+      const int32_t v = bad[r % 4];
+      ids.push_back(v);
+      if (v < 0 || v >= CPU_SETSIZE || !CPU_ISSET(v, &mask)) inv = true;
+    }
+  }
+  d.num_cpu_ids = int32_t(ids.size());
+  d.cpu_ids = ids.empty() ? nullptr : ids.data();
+  switch (in.u8() % 32) {
+    case 0: d.num_cpu_ids = -int32_t(in.range(1, 5)), inv = true; break;
+    case 1:
+      if (!ids.empty()) d.cpu_ids = nullptr, inv = true;
+      break;
+    case 2:
+      if (ids.empty()) d.cpu_ids = static_cast<const int32_t*>(garbage(in));  // not read: num_cpu_ids = 0
+      break;
+    default: break;
+  }
+  int32_t isa = int32_t(in.range(0, 4));
+  if (in.chance(8)) isa = in.flag() ? 5 : -1, inv = true;
+  set_enum(d.max_isa, isa);
+  d.flags = in.chance(200) ? (in.flag() ? MOEJIT_CONTEXT_NO_DEDUP : 0) : in.u32();
+  if (d.flags & ~uint32_t(MOEJIT_CONTEXT_NO_DEDUP)) inv = true;
+
+  // MOEJIT_MAX_ISA: unset, empty, a tier in any case, or anything else.
+  static const char* kEnv[] = {"scalar", "AVX2", "avx512", "Avx512_BF16", "", "avx", "sse", "avx512_bf16 "};
+  int env_cap = 0;
+  std::string env;
+  const uint8_t e = in.u8();
+  if (e < 128) {
+    unsetenv("MOEJIT_MAX_ISA");
+  } else {
+    env = e < 250 ? kEnv[e % 8] : std::string(1, char(in.range(1, 127)));
+    setenv("MOEJIT_MAX_ISA", env.c_str(), 1);
+    const char* names[] = {"scalar", "avx2", "avx512", "avx512_bf16"};
+    bool known = env.empty();
+    for (int i = 0; i < 4; ++i)
+      if (strcasecmp(env.c_str(), names[i]) == 0) known = true, env_cap = i + 1;
+    if (!known) inv = true;
+  }
+  if (isa > g_host && isa <= 4) unsupported = true;
+
+  bool size_inv = false;
+  const SizedDesc<moejit_context_desc> sd = sized(in, d, &size_inv);
+  if (size_inv) inv = true;
+  moejit_context* out = reinterpret_cast<moejit_context*>(uintptr_t(0x10));
+  const moejit_status want = inv ? MOEJIT_INVALID_ARGUMENT : unsupported ? MOEJIT_UNSUPPORTED : MOEJIT_OK;
+  const moejit_status st = moejit_context_create(sd.get(), &out);
+  unsetenv("MOEJIT_MAX_ISA");
+  if (want != MOEJIT_OK) {
+    expect_failure(st, want, "moejit_context_create");
+    FUZZ_CHECK(out == nullptr, "context_create failed but *out = %p", static_cast<void*>(out));
+    return;
+  }
+  FUZZ_CHECK(st == MOEJIT_OK && out, "moejit_context_create: %s, model expects ok: %s",
+             moejit_status_name(st), moejit_last_error());
+  int want_isa = isa == 0 ? g_host : isa;
+  if (env_cap && env_cap < want_isa) want_isa = env_cap;
+  const int want_threads = d.num_threads       ? d.num_threads
+                           : d.num_cpu_ids > 0 ? d.num_cpu_ids
+                                               : CPU_COUNT(&mask);
+  FUZZ_CHECK(moejit_context_isa(out) == want_isa, "context tier %s, want %s",
+             moejit_isa_name(moejit_context_isa(out)), moejit_isa_name(moejit_isa(want_isa)));
+  FUZZ_CHECK(moejit_context_num_threads(out) == want_threads, "context threads %d, want %d",
+             moejit_context_num_threads(out), want_threads);
+  FUZZ_CHECK(moejit_context_wait(out) == MOEJIT_OK, "wait on an idle context");
+  moejit_context_destroy(out);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  init();
+  Reader in(data, size);
+  switch (in.u8() % 8) {
+    case 0: fuzz_context(in); break;
+    case 1:
+    case 2: fuzz_linear(in); break;
+    default: fuzz_moe(in); break;
+  }
+  return 0;
+}
