@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -243,7 +244,8 @@ moejit_status context_create(const moejit_context_desc* desc, moejit_context** o
   if (threads < 1) threads = 1;
   if (threads > kMaxThreads) threads = kMaxThreads;
 
-  auto* h = new (std::nothrow) moejit_context();
+  // Owned until returned: make_shared may throw std::bad_alloc (guarded() reports it).
+  std::unique_ptr<moejit_context> h(new (std::nothrow) moejit_context());
   if (!h) return out_of_memory(fn);
   // Read at every creation (never cached) so A/B runs in one process work.
   const char* dedup_env = std::getenv("MOEJIT_DEDUP");
@@ -252,11 +254,8 @@ moejit_status context_create(const moejit_context_desc* desc, moejit_context** o
   const bool dedup_debug = debug_env && std::strcmp(debug_env, "1") == 0;
   h->impl = std::make_shared<moejit::Context>(threads, cpus, static_cast<moejit::jit::Isa>(isa), desc->flags,
                                               dedup, dedup_debug);
-  if (!h->impl->ok()) {
-    delete h;
-    return fail(MOEJIT_OUT_OF_MEMORY, fn, "could not start %d worker threads", threads);
-  }
-  *out = h;
+  if (!h->impl->ok()) return fail(MOEJIT_OUT_OF_MEMORY, fn, "could not start %d worker threads", threads);
+  *out = h.release();
   return MOEJIT_OK;
 }
 

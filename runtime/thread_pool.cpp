@@ -72,14 +72,17 @@ void ThreadPool::wait() { spin_wait(finished_, 0, kSpinWaiter); }
 
 void ThreadPool::run_job(const Job& job, int id) {
   const int n = size();
-  for (int p = 0; p < job.num_phases; ++p) {
+  // `job` may be freed once the last worker arrives at the final barrier: read
+  // what is needed after that point first.
+  const int phases = job.num_phases;
+  for (int p = 0; p < phases; ++p) {
     PhaseState& ps = phases_[p];
     // Contiguous static ranges: items of one phase cost the same, and a worker
     // knows its next item, so kernels can prefetch it.
     const int64_t begin = job.counts[p] * id / n, end = job.counts[p] * (id + 1) / n;
     for (int64_t i = begin; i < end; ++i) job.run(job.self, p, i, id);
     const bool last = ps.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == n;
-    if (p + 1 == job.num_phases) {
+    if (p + 1 == phases) {
       // Every worker has passed every earlier barrier once all arrive here.
       if (last) {
         finished_.store(1, std::memory_order_release);
@@ -92,7 +95,7 @@ void ThreadPool::run_job(const Job& job, int id) {
       spin_wait(ps.done, 0, kSpinWorker);
     }
   }
-  if (job.num_phases == 0 && id == 0) {
+  if (phases == 0 && id == 0) {
     finished_.store(1, std::memory_order_release);
     finished_.notify_all();
   }

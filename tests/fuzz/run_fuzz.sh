@@ -44,8 +44,15 @@ for h in $harnesses; do
 "
   if [ "$crashes" -gt 0 ] || [ "$after" -gt "$before" ]; then
     status=1
-    grep -E 'ERROR: [A-Z]|runtime error|check failed' "$log" | grep -v 'deadly signal' | sed 's/==[0-9]*==//' |
-      sort | uniq -c | sort -rn | head -20
+    grep -E 'ERROR: [A-Z]|runtime error|check failed' "$log" | grep -v 'deadly signal' |
+      sed 's/==[0-9]*==//; s/0x[0-9a-f]*/0x.../g' | sort | uniq -c | sort -rn | head -10
+    # Replay each new crashing input once (without fuzzing) for its first report line;
+    # inputs whose failure depends on timing may not fail again.
+    replay=$build/tests/fuzz/fuzz_${h}_replay
+    for f in $(ls -t "$src/corpus/$h" | grep '^crash-' | head -$((after - before))); do
+      why=$("$replay" "$src/corpus/$h/$f" 2>&1 | grep -m1 -E 'SUMMARY|runtime error|check failed' | sed 's/==[0-9]*==//')
+      echo "  $f: ${why:-did not fail when replayed}"
+    done | sort -t: -k2 | uniq -c -f1 | head -20
   fi
 done
 echo "== summary"
