@@ -136,7 +136,8 @@ MOEJIT_API moejit_isa moejit_context_isa(const moejit_context* ctx);
 MOEJIT_API int32_t moejit_context_num_threads(const moejit_context* ctx);
 MOEJIT_API moejit_status moejit_context_wait(moejit_context* ctx);
 
-MOEJIT_API moejit_status moejit_moe_create(moejit_context* ctx, const moejit_moe_desc* desc, moejit_moe** out);
+MOEJIT_API moejit_status moejit_moe_create(moejit_context* ctx, const moejit_moe_desc* desc,
+                                           moejit_moe** out);
 MOEJIT_API void moejit_moe_destroy(moejit_moe* moe);
 MOEJIT_API moejit_status moejit_moe_forward(moejit_moe* moe, int32_t num_tokens, const uint16_t* x,
                                             const int32_t* topk_ids, const float* topk_weights, void* y);

@@ -46,9 +46,9 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
     const formats::Layout& lg = m->mm_gu_.layout();
     const formats::Layout& ld = m->mm_dn_.layout();
     const int64_t sg = gate_up[e].scale_row_stride > 0 ? gate_up[e].scale_row_stride
-                                                        : formats::scale_cols(lg.format, lg.group, lg.k);
-    const int64_t sd =
-        down[e].scale_row_stride > 0 ? down[e].scale_row_stride : formats::scale_cols(ld.format, ld.group, ld.k);
+                                                       : formats::scale_cols(lg.format, lg.group, lg.k);
+    const int64_t sd = down[e].scale_row_stride > 0 ? down[e].scale_row_stride
+                                                    : formats::scale_cols(ld.format, ld.group, ld.k);
     m->gu_[size_t(e)] = {gate_up[e].data, gate_up[e].scales, gate_up[e].row_scales, sg};
     m->dn_[size_t(e)] = {down[e].data, down[e].scales, down[e].row_scales, sd};
     m->gu_bias_[size_t(e)] = gate_up[e].bias;
