@@ -58,9 +58,6 @@ class Matmul {
   void x_prepare(void* vec, const uint16_t* src) const;
   size_t scratch_floats() const { return size_t(max_seg_) * size_t(max_m_ > 0 ? max_m_ : 1); }
   const formats::Layout& layout() const { return layout_; }
-  size_t kernel_count() const { return holds_.size(); }
-  // Name of one resolved kernel (for messages and reports).
-  std::string kernel_name() const { return holds_.empty() ? "scalar" : holds_.front()->key().name(); }
 
  private:
   int64_t segment_end(int64_t r, int64_t end) const;
