@@ -5,7 +5,11 @@
 namespace moejit::jit {
 
 bool Generator::finalize(std::string* err) {
-  if (Xbyak::GetError() == 0) ready(PROTECT_RE);
+  if (Xbyak::GetError() == 0) ready();  // resolves labels; a fixed buffer keeps its protection
+  if (Xbyak::GetError() == 0 && !setProtectModeRE(false)) {
+    *err = "code generation failed: mprotect to read+exec refused";
+    return false;
+  }
   const int e = Xbyak::GetError();
   if (e == Xbyak::ERR_CANT_ALLOC) {
     Xbyak::ClearError();

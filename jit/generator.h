@@ -15,9 +15,16 @@ struct CodePhase {
   std::string name;  // prologue, decode, fma, block-scale, tail, epilogue, data, ...
 };
 
+// Largest kernel a generator may emit. The buffer is fixed (not Xbyak's
+// AutoGrow, whose failed grow would write past the buffer with exceptions
+// off): emitting past it sets ERR_CODE_IS_TOO_BIG and generation fails
+// cleanly. The largest kernels are a few KiB (test_jit checks the margin).
+constexpr size_t kMaxCodeBytes = 64 * 1024;
+
 class Generator : public Xbyak::CodeGenerator {
  public:
-  Generator() : Xbyak::CodeGenerator(16 * 1024, Xbyak::AutoGrow) {}
+  // Pages start read+write (DontSetProtectRWE: never writable and executable).
+  Generator() : Xbyak::CodeGenerator(kMaxCodeBytes, Xbyak::DontSetProtectRWE) {}
   const std::vector<CodePhase>& phases() const { return phases_; }
 
  protected:
