@@ -31,8 +31,8 @@ static_assert(offsetof(GemvArgs, w) == 0 && offsetof(GemvArgs, scales) == 8 &&
 using GemvFn = void (*)(const GemvArgs*);
 
 // KernelKey::flags bits.
-// avx512_bf16, 8-bit floats: decode without the AVX512_VBMI byte tables (CPUs
-// without VBMI; mxfp8 groups of 32, which the 64-element table chunks straddle).
+// avx512_bf16: decode without AVX512_VBMI (CPUs without it): 8-bit floats
+// through arithmetic and a blend, 4-bit formats widened to fp32.
 constexpr uint32_t kFlagNoVbmi = 1;
 
 // Prepared activations are padded with zeros to a multiple of 64 elements so
@@ -47,28 +47,53 @@ enum class XLayout {
                    // 16L+8..15: the order in which the byte-table e4m3 decode unpacks weights
   f32_evens_odds,  // fp32; inside each group of 2V elements (V = vector lanes) the even elements
                    // come first, then the odd ones: the order of the low and high e2m1 nibbles
+  bf16_nib32,      // bf16; inside each 32-element chunk, nibble n = 16s + 4L + i (s < 2, L < 4, i < 4)
+                   // sits at 8L + 4s + i: the order of the vpmultishiftqb + vpermw 4-bit decode
+                   // (e2m1 formats: element k is nibble k)
+  bf16_q4,         // bf16; q4_0 block element e is nibble 2(e % 16) + e / 16, placed as in bf16_nib32
 };
+// 4-bit formats on avx512_bf16 decode to bf16 pairs with AVX512_VBMI; without
+// it (kFlagNoVbmi) they widen to fp32.
+inline bool is_e2m1_format(int32_t format) {
+  return format == 1 /* nvfp4 */ || format == 2 /* mxfp4 */ || format == 3 /* ds_fp4 */;
+}
 inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
-  if (format == 2 /* mxfp4 */) return XLayout::f32_evens_odds;
+  const bool bf16_tables = isa == Isa::avx512_bf16 && !(flags & kFlagNoVbmi);
+  if (is_e2m1_format(format)) return bf16_tables ? XLayout::bf16_nib32 : XLayout::f32_evens_odds;
+  if (format == 4 /* q4_0 */) return bf16_tables ? XLayout::bf16_q4 : XLayout::f32;
   if (isa != Isa::avx512_bf16) return XLayout::f32;
   const bool eight_bit =
       format == 5 /* fp8_block */ || format == 7 /* mxfp8_e4m3 */ || format == 8 /* e5m2 */;
-  if (eight_bit && !(flags & kFlagNoVbmi)) return XLayout::bf16_perm64;
-  if (format == 8) return XLayout::f32;                 // e5m2 without VBMI: fp16 widening, fp32 FMA
-  if (format == 4 || format == 6) return XLayout::f32;  // q4_0, q8_0: integer quants widened to fp32
+  if (eight_bit && bf16_tables) return XLayout::bf16_perm64;
+  if (format == 8) return XLayout::f32;  // e5m2 without VBMI: fp16 widening, fp32 FMA
+  if (format == 6) return XLayout::f32;  // q8_0: int8 quants widened to fp32
   return XLayout::bf16;
+}
+// Layouts whose decode needs AVX512_VBMI (vpermi2b, vpmultishiftqb).
+inline bool x_layout_needs_vbmi(XLayout l) {
+  return l == XLayout::bf16_perm64 || l == XLayout::bf16_nib32 || l == XLayout::bf16_q4;
 }
 inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 || l == XLayout::f32_evens_odds ? 4 : 2; }
 // Vector lanes of fp32 activations on a tier (the evens/odds group is twice this).
 inline int64_t f32_lanes(Isa isa) { return isa == Isa::avx2 ? 8 : 16; }
+inline int64_t nib32_position(int64_t n) { return (n / 4 % 4) * 8 + (n / 16) * 4 + n % 4; }
 inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
-  if (l == XLayout::f32_evens_odds) {
-    const int64_t g = 2 * f32_lanes(isa), r = k % g;
-    return (k - r) + (r % 2 ? g / 2 : 0) + r / 2;
+  switch (l) {
+    case XLayout::f32_evens_odds: {
+      const int64_t g = 2 * f32_lanes(isa), r = k % g;
+      return (k - r) + (r % 2 ? g / 2 : 0) + r / 2;
+    }
+    case XLayout::bf16_perm64: {
+      const int64_t r = k & 63, lane = r >> 4, j = r & 15;
+      return (k - r) + (j < 8 ? lane * 8 + j : 32 + lane * 8 + (j - 8));
+    }
+    case XLayout::bf16_nib32: return (k & ~int64_t(31)) + nib32_position(k & 31);
+    case XLayout::bf16_q4: {
+      const int64_t e = k & 31;
+      return (k - e) + nib32_position(2 * (e % 16) + e / 16);
+    }
+    default: return k;
   }
-  if (l != XLayout::bf16_perm64) return k;
-  const int64_t r = k & 63, lane = r >> 4, j = r & 15;
-  return (k - r) + (j < 8 ? lane * 8 + j : 32 + lane * 8 + (j - 8));
 }
 
 // Whether kernels of this format prefetch the weights of a call far ahead

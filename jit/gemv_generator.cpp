@@ -23,14 +23,18 @@ constexpr int kBlock = 128;
 
 bool format_has_jit(Format f) {
   return f == Format::bf16 || f == Format::fp8_block || f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2 ||
-         f == Format::q4_0 || f == Format::q8_0 || f == Format::mxfp4;
+         f == Format::q4_0 || f == Format::q8_0 || f == Format::mxfp4 || f == Format::nvfp4;
 }
 // GGUF blocks: fp16 d followed by the 32 quants, rows are arrays of blocks.
 bool is_gguf(Format f) { return f == Format::q4_0 || f == Format::q8_0; }
 bool is_e4m3(Format f) { return f == Format::fp8_block || f == Format::mxfp8_e4m3; }
 bool is_mx8(Format f) { return f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2; }
+bool is_e2m1(Format f) { return f == Format::mxfp4 || f == Format::nvfp4; }
 // One e8m0 scale per group along each row.
 bool e8m0_scales(Format f) { return is_mx8(f) || f == Format::mxfp4; }
+// One byte scale per group along each row, decoded through a 256-entry fp32
+// table: e8m0 (mx formats) or e4m3 (nvfp4).
+bool byte_scales(Format f) { return e8m0_scales(f) || f == Format::nvfp4; }
 
 struct TierTraits {
   int vec_bytes;  // 32 (ymm) or 64 (zmm)
@@ -48,7 +52,7 @@ TierTraits tier_traits(Isa isa) {
   }
 }
 
-bool scaled_format(Format f) { return f == Format::fp8_block || e8m0_scales(f) || is_gguf(f); }
+bool scaled_format(Format f) { return f == Format::fp8_block || byte_scales(f) || is_gguf(f); }
 
 // Rows are streamed one at a time, front to back: one sequential stream is what
 // hardware prefetchers follow best (interleaving 8 rows measured up to 2x
@@ -59,6 +63,11 @@ bool scaled_format(Format f) { return f == Format::fp8_block || e8m0_scales(f) |
 // multi-token (dedup) call. 4 measured faster than 2 with one token on Zen 4
 // (bf16 cold layer 66% -> 81% of the read bandwidth, one thread).
 constexpr int kSplit = 4;
+// Scaled formats sum each scale block's products in at most kBlockSplit
+// accumulators (summed once per block, then one FMA by the scale into one of
+// kSplit / kBlockSplit running totals chosen by block index): fewer adds per
+// block, and short blocks still get independent FMA chains.
+constexpr int kBlockSplit = 2;
 // Bytes of the next call requested at the start of a call when the format
 // streams without software prefetch.
 constexpr int64_t kBridgeBytes = 16384;
@@ -70,23 +79,37 @@ class GemvGenerator : public Generator {
         fmt_(static_cast<Format>(key.format)),
         isa_(key.isa),
         tt_(tier_traits(key.isa)),
+        layout_(x_layout(key.isa, key.format, key.flags)),
         scaled_(scaled_format(fmt_)),
         wbytes_(fmt_ == Format::bf16 ? 2 : 1),
-        xbytes_(int(x_elem_bytes(x_layout(key.isa, key.format, key.flags)))),
+        xbytes_(int(x_elem_bytes(layout_))),
         row_bytes_(formats::row_bytes(fmt_, key.k)),
-        xstride_bytes_(x_stride(key.k) * int64_t(x_elem_bytes(x_layout(key.isa, key.format, key.flags)))),
-        vbmi_lut_(x_layout(key.isa, key.format, key.flags) == XLayout::bf16_perm64),
-        fma_f32_(x_elem_bytes(x_layout(key.isa, key.format, key.flags)) == 4),
+        xstride_bytes_(x_stride(key.k) * int64_t(x_elem_bytes(layout_))),
+        vbmi_lut_(layout_ == XLayout::bf16_perm64),
+        nib32_(layout_ == XLayout::bf16_nib32 || layout_ == XLayout::bf16_q4),
+        fma_f32_(x_elem_bytes(layout_) == 4),
         vec_elems_(fma_f32_ ? tt_.vec_bytes / 4 : 32),
-        step_(vbmi_lut_ || key.format == int32_t(Format::mxfp4) ? 2 * vec_elems_ : vec_elems_),
-        block_(is_mx8(fmt_) || fmt_ == Format::mxfp4 ? key.group
-               : is_gguf(fmt_)                       ? 32
-                                                     : kBlock),
-        na_(kSplit),
-        // bf16 multi-token calls compute long enough per line that streaming no
-        // longer overlaps without help (measured: cold = hot + DRAM time); they
-        // prefetch each line of the next call (w_prefetch is the next call for bf16).
-        sw_prefetch_(streams_with_prefetch(key.format) || key.tokens > 1) {}
+        step_(vbmi_lut_ || (is_e2m1(fmt_) && fma_f32_) ? 2 * vec_elems_ : vec_elems_),
+        // sw prefetch: bf16 multi-token calls compute long enough per line that
+        // streaming no longer overlaps without help (measured: cold = hot + DRAM
+        // time); they prefetch each line of the next call (w_prefetch is the next
+        // call for bf16).
+        sw_prefetch_(streams_with_prefetch(key.format) || key.tokens > 1) {
+    // A block is the unit one scale (or two, for two groups) applies to.
+    const int group = is_gguf(fmt_) ? 32 : byte_scales(fmt_) ? key.group : kBlock;
+    block_ = std::max(group, std::min(step_, kBlock));
+    if (fmt_ == Format::bf16) block_ = kBlock;
+    gpb_ = scaled_ ? block_ / group : 1;
+    // Lanes of the second group of a two-group block: the 64-element byte-table
+    // decode and the fp32 e2m1 decode keep the first 32 (16) elements in the low
+    // 256 bits; the vpmultishiftqb decode puts source qword 1 in dwords 2, 3 of
+    // each 128-bit lane.
+    grp2_mask_ = nib32_ ? 0xCCCC : 0xFF00;
+    const int vpb = std::max(1, block_ / vec_elems_);
+    na_ = scaled_ ? std::min(kBlockSplit, vpb) : kSplit;
+    nt_ = scaled_ ? std::max(1, kSplit / na_) : 0;
+    unroll_ = scaled_ ? std::max(nt_, kBlock / block_) : 1;
+  }
 
   bool generate(std::string* err) {
     emit_body();
@@ -107,9 +130,11 @@ class GemvGenerator : public Generator {
   const Reg64 reg_tmp = rbx;   // scratch (callee-saved)
   const Reg64 reg_rows = r12;  // row counter (callee-saved)
   const Reg64 reg_pfd = r13;   // w_prefetch - w: prefetch distance (callee-saved)
-  const Reg64 reg_e8m0 = r14;  // e8m0 -> fp32 table (mx formats, callee-saved)
+  const Reg64 reg_stab = r14;  // byte scale -> fp32 table (callee-saved)
+  const Reg64 reg_g = r15;     // nvfp4 per-row global of the current row (callee-saved)
   const Opmask k_tail = k1;
   const Opmask k_sub = k2;
+  const Opmask k_grp2 = k3;
 
   Xmm vec(int idx) const {
     if (tt_.vec_bytes == 64) return Zmm(idx);
@@ -119,21 +144,26 @@ class GemvGenerator : public Generator {
   Xmm v_t(int i = 0) const { return vec(2 + i); }  // decode temporaries
   Xmm v_scale() const { return vec(4); }           // broadcast block scale
   Xmm v_c(int i) const { return vec(5 + i); }      // decode constants 0..4
-  // accumulators: acc(m, j) per block (or per row when unscaled), tot(m) across blocks
+  // accumulators: acc(m, j) per block (or per row when unscaled), tot(m, j)
+  // running totals of scaled blocks
   Xmm acc(int m, int j) const { return vec(tt_.acc_first + m * na_ + j); }
-  Xmm tot(int m) const { return scaled_ ? vec(tt_.acc_first + key_.tokens * na_ + m) : acc(m, 0); }
+  Xmm tot(int m, int j = 0) const {
+    return scaled_ ? vec(tt_.acc_first + key_.tokens * na_ + m * nt_ + j) : acc(m, 0);
+  }
 
   void emit_body() {
     phase("prologue");
     push(reg_tmp);
     push(reg_rows);
     push(reg_pfd);
-    push(reg_e8m0);
+    push(reg_stab);
+    push(reg_g);
     mov(reg_wt, ptr[reg_args + offsetof(GemvArgs, w)]);
     mov(reg_pfd, ptr[reg_args + offsetof(GemvArgs, w_prefetch)]);
     sub(reg_pfd, reg_wt);
     mov(reg_s0, ptr[reg_args + offsetof(GemvArgs, scales)]);
-    if (e8m0_scales(fmt_)) lea(reg_e8m0, ptr[rip + l_e8m0_]);
+    if (fmt_ == Format::nvfp4) mov(reg_g, ptr[reg_args + offsetof(GemvArgs, row_scales)]);
+    if (byte_scales(fmt_)) lea(reg_stab, ptr[rip + l_stab_]);
     mov(reg_x0, ptr[reg_args + offsetof(GemvArgs, x)]);
     mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
     emit_constants();
@@ -150,7 +180,8 @@ class GemvGenerator : public Generator {
     L(l_row);
     emit_row();
     add(reg_wt, row_bytes_);
-    if (e8m0_scales(fmt_)) add(reg_s0, key_.scale_stride);  // one e8m0 scale row per weight row
+    if (byte_scales(fmt_)) add(reg_s0, key_.scale_stride);  // one scale row per weight row
+    if (fmt_ == Format::nvfp4) add(reg_g, 4);
     add(reg_y, 4);
     dec(reg_rows);
     jnz(l_row, T_NEAR);
@@ -158,7 +189,8 @@ class GemvGenerator : public Generator {
     phase("epilogue");
     if (fmt_ == Format::fp8_block) add(rsp, scale_stack_bytes());
     vzeroupper();
-    pop(reg_e8m0);
+    pop(reg_g);
+    pop(reg_stab);
     pop(reg_pfd);
     pop(reg_rows);
     pop(reg_tmp);
@@ -167,7 +199,16 @@ class GemvGenerator : public Generator {
   }
 
   void emit_constants() {
-    if (fmt_ == Format::q4_0 || fmt_ == Format::mxfp4) {
+    if (gpb_ == 2) {
+      mov(reg_tmp.cvt32(), grp2_mask_);
+      kmovw(k_grp2, reg_tmp.cvt32());
+    }
+    if (nib32_) {  // vpmultishiftqb control, then the 4-bit code -> bf16 word table (twice)
+      vmovdqu8(v_c(0), ptr[rip + l_nib_ctrl_]);
+      vmovdqu16(v_c(1), ptr[rip + l_nib_tbl_]);
+      return;
+    }
+    if (fmt_ == Format::q4_0 || is_e2m1(fmt_)) {
       broadcast_u32(v_c(0), 0x0F, reg_tmp.cvt32());  // nibble mask; other constants are read from data
       return;
     }
@@ -190,34 +231,45 @@ class GemvGenerator : public Generator {
     }
   }
 
+  void emit_f32(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    dd(u);
+  }
+
   void emit_data() {
     const bool blend = is_e4m3(fmt_) && isa_ == Isa::avx512_bf16 && !vbmi_lut_;
-    if (!vbmi_lut_ && !blend && !e8m0_scales(fmt_) && fmt_ != Format::q4_0) return;
+    if (!vbmi_lut_ && !blend && !byte_scales(fmt_) && fmt_ != Format::q4_0) return;
     phase("data");
     align(64);
-    if (fmt_ == Format::q4_0) {
+    if (nib32_) {
+      // Control of qword q = 2L + s (L = its 128-bit lane): word i takes the 8
+      // bits at nibble 4L + i of the qword (s selects the low or high 8 source
+      // bytes, which vbroadcasti32x4 puts in even and odd qwords).
+      L(l_nib_ctrl_);
+      for (int q = 0; q < 8; ++q)
+        for (int i = 0; i < 4; ++i) db(16 * (q / 2) + 4 * i), db(16 * (q / 2) + 4 * i);
+      // vpermw reads 5 index bits; bit 4 is the next nibble's low bit, so the 16
+      // entries appear twice.
+      L(l_nib_tbl_);
+      for (int i = 0; i < 32; ++i)
+        dw(formats::f32_to_bf16(fmt_ == Format::q4_0 ? float((i & 15) - 8)
+                                                     : formats::e2m1_to_f32(uint8_t(i & 15))));
+    } else if (fmt_ == Format::q4_0) {
       L(l_q4_zero_);  // 16 dwords of 8
       for (int i = 0; i < 16; ++i) dd(8);
     }
-    if (fmt_ == Format::mxfp4) {
+    if (is_e2m1(fmt_) && !nib32_) {
       L(l_e2m1_);  // fp32 of the 16 e2m1 codes, then 8 dwords of the sign bit 8 (avx2)
-      for (int i = 0; i < 16; ++i) {
-        const float f = formats::e2m1_to_f32(uint8_t(i));
-        uint32_t u;
-        std::memcpy(&u, &f, 4);
-        dd(u);
-      }
+      for (int i = 0; i < 16; ++i) emit_f32(formats::e2m1_to_f32(uint8_t(i)));
       L(l_e2m1_sign_);
       for (int i = 0; i < 8; ++i) dd(8);
     }
-    if (e8m0_scales(fmt_)) {
-      L(l_e8m0_);  // fp32 of every e8m0 code: 2^(s-127), s = 0 subnormal, 255 NaN
-      for (int i = 0; i < 256; ++i) {
-        const float f = formats::e8m0_to_f32(uint8_t(i));
-        uint32_t u;
-        std::memcpy(&u, &f, 4);
-        dd(u);
-      }
+    if (byte_scales(fmt_)) {
+      // fp32 of every scale code: e8m0 2^(s-127) (0 subnormal, 255 NaN) or e4m3
+      L(l_stab_);
+      for (int i = 0; i < 256; ++i)
+        emit_f32(fmt_ == Format::nvfp4 ? formats::e4m3_to_f32(uint8_t(i)) : formats::e8m0_to_f32(uint8_t(i)));
     }
     if (vbmi_lut_) {
       L(l_lut_);
@@ -234,12 +286,21 @@ class GemvGenerator : public Generator {
     }
   }
 
-  // One row over all of K.
+  // Byte displacements of the block being emitted inside an unrolled loop body.
+  void set_block_disp(int j) {
+    dw_ = j * block_bytes();
+    dx_ = int64_t(j) * block_ * xbytes_;
+    ds_ = j * scale_bytes();
+  }
+
+  // One row over all of K. Scaled formats unroll `unroll_` blocks per loop
+  // iteration; block b adds into running total b % nt_.
   void emit_row() {
     const int64_t nfull = key_.k / block_;
     const int tail = int(key_.k % block_);
     if (scaled_)
-      for (int m = 0; m < key_.tokens; ++m) vxorps(tot(m), tot(m), tot(m));
+      for (int m = 0; m < key_.tokens; ++m)
+        for (int j = 0; j < nt_; ++j) vxorps(tot(m, j), tot(m, j), tot(m, j));
     else
       zero_accs();
     mov(reg_wk, reg_wt);
@@ -248,23 +309,40 @@ class GemvGenerator : public Generator {
       mov(reg_sk, rsp);  // the call's fp32 block scales
     else
       mov(reg_sk, reg_s0);
-    if (nfull > 0) {
+    const int64_t iters = nfull / unroll_;
+    const int rem = int(nfull % unroll_);
+    if (iters > 0) {
       Label l_blk;
-      mov(reg_kb, nfull);
+      mov(reg_kb, iters);
       L(l_blk);
-      emit_block(block_);
-      add(reg_wk, block_bytes());
-      add(reg_xk, block_ * xbytes_);
-      if (scaled_) add(reg_sk, scale_bytes());
+      pf_next_ = 0;
+      for (int j = 0; j < unroll_; ++j) {
+        set_block_disp(j);
+        emit_block(block_, j % std::max(1, nt_));
+      }
+      set_block_disp(0);
+      add(reg_wk, unroll_ * block_bytes());
+      add(reg_xk, int64_t(unroll_) * block_ * xbytes_);
+      if (scaled_ && scale_bytes() > 0) add(reg_sk, unroll_ * scale_bytes());
       dec(reg_kb);
       jnz(l_blk, T_NEAR);
     }
+    pf_next_ = 0;
+    for (int j = 0; j < rem; ++j) {
+      set_block_disp(j);
+      emit_block(block_, j % std::max(1, nt_));
+    }
     if (tail > 0) {
       phase("tail");
-      emit_block(tail);
+      set_block_disp(rem);
+      emit_block(tail, rem % std::max(1, nt_));
     }
+    set_block_disp(0);
     phase("store");
-    if (!scaled_) sum_accs();
+    if (scaled_)
+      sum_tots();
+    else
+      sum_accs();
     emit_store();
   }
 
@@ -291,16 +369,23 @@ class GemvGenerator : public Generator {
 
   // Weight bytes of one scale block (GGUF blocks carry their d inline).
   int block_bytes() const {
-    if (fmt_ == Format::mxfp4) return block_ / 2;
+    if (is_e2m1(fmt_)) return block_ / 2;
     if (fmt_ == Format::q8_0) return 34;
     if (fmt_ == Format::q4_0) return 18;
     return block_ * wbytes_;
+  }
+  // Byte offset of element `off` of the current block from the cursor.
+  int w_byte(int off) const {
+    if (fmt_ == Format::q8_0) return dw_ + 2 + off;
+    if (fmt_ == Format::q4_0) return dw_ + 2 + (nib32_ ? 0 : off % 16);
+    if (is_e2m1(fmt_)) return dw_ + off / 2;
+    return dw_ + off * wbytes_;
   }
 
   int scale_bytes() const {
     if (fmt_ == Format::fp8_block) return 4;  // widened to fp32 on the stack
     if (is_gguf(fmt_)) return 0;
-    if (e8m0_scales(fmt_)) return 1;
+    if (byte_scales(fmt_)) return gpb_;
     return key_.scale_dtype == 1 ? 4 : 2;
   }
 
@@ -314,11 +399,15 @@ class GemvGenerator : public Generator {
       for (int m = 0; m < key_.tokens; ++m)
         for (int j = 0; j + width < na_; j += 2 * width) vaddps(acc(m, j), acc(m, j), acc(m, j + width));
   }
-
-  bool cnt_full(int n) const { return n == block_; }
+  void sum_tots() {
+    for (int width = 1; width < nt_; width *= 2)
+      for (int m = 0; m < key_.tokens; ++m)
+        for (int j = 0; j + width < nt_; j += 2 * width) vaddps(tot(m, j), tot(m, j), tot(m, j + width));
+  }
 
   // n elements (<= block_) starting at the cursors; the last step may be partial.
-  void emit_block(int n) {
+  // Scaled blocks end with tot(m, ti) += (sum of the block's accumulators) * scale.
+  void emit_block(int n, int ti) {
     if (scaled_) zero_accs();
     int v = 0;  // vector index inside the block: picks the accumulator
     for (int s = 0; s * step_ < n; ++s) {
@@ -330,8 +419,10 @@ class GemvGenerator : public Generator {
       // Formats whose decode is heavy need it; bf16 streams faster on the
       // hardware prefetcher alone (measured 67-71% vs 56-60% of the read
       // bandwidth with one thread on Zen 4).
-      if (sw_prefetch_ && (is_gguf(fmt_) ? off == 0 : (off * wbytes_) % 64 == 0))
-        prefetcht1(ptr[reg_wk + reg_pfd + (is_gguf(fmt_) ? 0 : off * wbytes_)]);
+      if (sw_prefetch_ && w_byte(off) >= pf_next_) {
+        prefetcht1(ptr[reg_wk + reg_pfd + w_byte(off)]);
+        pf_next_ = (w_byte(off) / 64 + 1) * 64;
+      }
       if (cnt == step_) phase("decode");
       const int nvec = load_weights(off, cnt);
       if (cnt == step_) phase("fma");
@@ -339,9 +430,9 @@ class GemvGenerator : public Generator {
         for (int m = 0; m < key_.tokens; ++m) multiply(acc(m, v % na_), v_w(i), m, off + i * vec_elems_);
     }
     if (scaled_) {
-      if (cnt_full(n)) phase("block-scale");
+      if (n == block_) phase("block-scale");
       sum_accs();
-      apply_block_scale();
+      apply_block_scale(n, ti);
     }
   }
 
@@ -350,12 +441,12 @@ class GemvGenerator : public Generator {
     kmovq(k_tail, reg_tmp);
   }
 
-  Address w_addr(int off) const { return ptr[reg_wk + off * wbytes_]; }
-  Address x_addr(int m, int off) const { return ptr[reg_xk + m * xstride_bytes_ + off * xbytes_]; }
+  Address w_addr(int off) const { return ptr[reg_wk + w_byte(off)]; }
+  Address x_addr(int m, int off) const { return ptr[reg_xk + m * xstride_bytes_ + dx_ + off * xbytes_]; }
 
   // Exact partial load of `bytes` (< 16) bytes into an xmm for the avx2 tail.
   void load_partial_xmm(const Xmm& dst, int off, int bytes) {
-    const RegExp base = reg_wk + off * wbytes_;
+    const RegExp base = reg_wk + w_byte(off);
     int done = 0;
     if (bytes >= 8) {
       vmovq(dst, ptr[base]);
@@ -418,13 +509,30 @@ class GemvGenerator : public Generator {
       return 2;
     }
     if (fmt_ == Format::q8_0) {  // int8 quants at byte 2 of the block, exact in fp32
-      vpmovsxbd(v_w(), ptr[reg_wk + 2 + off]);
+      vpmovsxbd(v_w(), w_addr(off));
       vcvtdq2ps(v_w(), v_w());
       return 1;
     }
-    if (fmt_ == Format::mxfp4) {  // e2m1 pairs, low nibble = even k; activations: evens then odds
+    if (nib32_) {  // 16 bytes -> 32 bf16: bytes 0-7 to even qwords, 8-15 to odd, 4 nibbles per qword
+      const Zmm t = Zmm(v_t(0).getIdx());
+      if (partial) {  // nvfp4 K % 32 == 16: the last 8 bytes of the row
+        vmovq(xt, w_addr(off));
+        vshufi32x4(t, t, t, 0);
+      } else {
+        vbroadcasti32x4(t, w_addr(off));
+      }
+      vpmultishiftqb(t, Zmm(v_c(0).getIdx()), t);
+      vpermw(Zmm(v_w(0).getIdx()), t, Zmm(v_c(1).getIdx()));
+      return 1;
+    }
+    if (is_e2m1(fmt_)) {  // e2m1 pairs, low nibble = even k; activations: evens then odds
       const Xmm lo = v_w(0), hi = v_w(1), t = v_t(0);
-      vpmovzxbd(t, ptr[reg_wk + off / 2]);
+      if (partial) {  // nvfp4 K % 32 == 16 on avx512: 8 bytes, the upper lanes decode to +0
+        vmovq(xt, w_addr(off));
+        vpmovzxbd(t, xt);
+      } else {
+        vpmovzxbd(t, w_addr(off));
+      }
       vpsrld(hi, t, 4);
       if (tt_.vec_bytes == 64) {
         vpandd(lo, t, v_c(0));
@@ -444,7 +552,7 @@ class GemvGenerator : public Generator {
       return 2;
     }
     if (fmt_ == Format::q4_0) {  // byte j holds element j (low nibble) and j + 16 (high nibble)
-      vpmovzxbd(v_w(), ptr[reg_wk + 2 + (off % 16)]);
+      vpmovzxbd(v_w(), w_addr(off));
       if (off >= 16) vpsrld(v_w(), v_w(), 4);
       if (tt_.vec_bytes == 64)
         vpandd(v_w(), v_w(), v_c(0));
@@ -565,51 +673,57 @@ class GemvGenerator : public Generator {
       vdpbf16ps(a, w, x_addr(m, off));
   }
 
-  void apply_block_scale() {
+  // tot(m, ti) += acc(m, 0) * the block's scale (two scales on the lanes of a
+  // two-group block; a tail block holding only the first group reads one).
+  void apply_block_scale(int n, int ti) {
     if (is_gguf(fmt_)) {  // fp16 d at the start of the block
       const Xmm xs = Xmm(v_scale().getIdx());
-      movzx(reg_tmp.cvt32(), word[reg_wk]);
+      movzx(reg_tmp.cvt32(), word[reg_wk + dw_]);
       vmovd(xs, reg_tmp.cvt32());
       vcvtph2ps(xs, xs);
       vbroadcastss(v_scale(), xs);
-    } else if (e8m0_scales(fmt_)) {
-      movzx(reg_tmp.cvt32(), byte[reg_sk]);
-      vbroadcastss(v_scale(), ptr[reg_e8m0 + reg_tmp * 4]);
+    } else if (byte_scales(fmt_)) {
+      movzx(reg_tmp.cvt32(), byte[reg_sk + ds_]);
+      vbroadcastss(v_scale(), ptr[reg_stab + reg_tmp * 4]);
+      if (gpb_ == 2 && n > block_ / 2) {
+        movzx(reg_tmp.cvt32(), byte[reg_sk + ds_ + 1]);
+        vbroadcastss(v_scale() | k_grp2, ptr[reg_stab + reg_tmp * 4]);
+      }
     } else if (fmt_ == Format::fp8_block) {
       // fp32 scale on the stack: an embedded broadcast on AVX-512, one load otherwise
       if (tt_.vec_bytes == 64) {
-        for (int m = 0; m < key_.tokens; ++m) vfmadd231ps(tot(m), acc(m, 0), ptr_b[reg_sk]);
+        for (int m = 0; m < key_.tokens; ++m) vfmadd231ps(tot(m, ti), acc(m, 0), ptr_b[reg_sk + ds_]);
         return;
       }
-      vbroadcastss(v_scale(), ptr[reg_sk]);
+      vbroadcastss(v_scale(), ptr[reg_sk + ds_]);
     }
-    for (int m = 0; m < key_.tokens; ++m) vfmadd231ps(tot(m), acc(m, 0), v_scale());
+    for (int m = 0; m < key_.tokens; ++m) vfmadd231ps(tot(m, ti), acc(m, 0), v_scale());
   }
 
-  // Horizontal sums to y[m * rows + r]; the fp16 widening's 2^-8 is undone here.
+  // Horizontal sums to y[m * rows + r]; the fp16 widening's 2^-8 is undone here,
+  // and nvfp4's per-row global applied.
   void emit_store() {
     const bool fp16_trick = is_e4m3(fmt_) && fma_f32_;
     if (fp16_trick) broadcast_u32(v_scale(), 0x43800000u, reg_tmp.cvt32());  // 256.0f
     const Xmm x0 = Xmm(0), x1 = Xmm(1);
     const Ymm y0 = Ymm(0), y1 = Ymm(1);
-    {
-      for (int m = 0; m < key_.tokens; ++m) {
-        if (fp16_trick)
-          vmulps(v_w(), tot(m), v_scale());
-        else
-          vmovaps(v_w(), tot(m));
-        if (tt_.vec_bytes == 64) {
-          vextractf64x4(y1, Zmm(0), 1);
-          vaddps(y0, y0, y1);
-        }
-        vextractf128(x1, y0, 1);
-        vaddps(x0, x0, x1);
-        vmovhlps(x1, x1, x0);
-        vaddps(x0, x0, x1);
-        vmovshdup(x1, x0);
-        vaddss(x0, x0, x1);
-        vmovss(ptr[reg_y + m * key_.rows * 4], x0);
+    for (int m = 0; m < key_.tokens; ++m) {
+      if (fp16_trick)
+        vmulps(v_w(), tot(m), v_scale());
+      else
+        vmovaps(v_w(), tot(m));
+      if (tt_.vec_bytes == 64) {
+        vextractf64x4(y1, Zmm(0), 1);
+        vaddps(y0, y0, y1);
       }
+      vextractf128(x1, y0, 1);
+      vaddps(x0, x0, x1);
+      vmovhlps(x1, x1, x0);
+      vaddps(x0, x0, x1);
+      vmovshdup(x1, x0);
+      vaddss(x0, x0, x1);
+      if (fmt_ == Format::nvfp4) vmulss(x0, x0, ptr[reg_g]);
+      vmovss(ptr[reg_y + m * key_.rows * 4], x0);
     }
   }
 
@@ -617,24 +731,36 @@ class GemvGenerator : public Generator {
   Format fmt_;
   Isa isa_;
   TierTraits tt_;
+  XLayout layout_;
   bool scaled_;
   int wbytes_;
   int xbytes_;
   int64_t row_bytes_;
   int64_t xstride_bytes_;
   bool vbmi_lut_;     // 8-bit floats -> bf16 through two 128-entry byte tables (vpermi2b)
+  bool nib32_;        // 4-bit codes -> bf16 through vpmultishiftqb + vpermw
   bool fma_f32_;      // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
   int vec_elems_;     // weights per multiply instruction
   int step_;          // weights per decode step
-  int block_;         // elements per scale block (or unrolled chunk when unscaled)
-  int na_;            // accumulators per token (K split)
   bool sw_prefetch_;  // software prefetch of a later call's weights
+  int block_ = 0;     // elements per scale block (or unrolled chunk when unscaled)
+  int gpb_ = 1;       // scale groups per block (1 or 2)
+  uint32_t grp2_mask_ = 0;
+  int na_ = 0;       // accumulators per token inside a block (K split)
+  int nt_ = 0;       // running totals per token (scaled formats)
+  int unroll_ = 1;   // blocks per loop iteration
+  int dw_ = 0;       // byte displacements of the block being emitted: weights,
+  int64_t dx_ = 0;   // activations,
+  int ds_ = 0;       // scales
+  int pf_next_ = 0;  // next weight byte of the loop body to prefetch
   Label l_sub_tbl_;
   Label l_lut_;
-  Label l_e8m0_;
+  Label l_stab_;
   Label l_q4_zero_;
   Label l_e2m1_;
   Label l_e2m1_sign_;
+  Label l_nib_ctrl_;
+  Label l_nib_tbl_;
 };
 
 class GeneratedKernel : public Kernel {
@@ -652,11 +778,12 @@ class GeneratedKernel : public Kernel {
 
 }  // namespace
 
-uint32_t runtime_flags(Isa isa, int32_t format, int32_t group) {
-  const Format f = static_cast<Format>(format);
-  const bool eight_bit = is_e4m3(f) || f == Format::mxfp8_e5m2;
-  const bool mx32 = is_mx8(f) && group < 64;  // the tables work on 64-element chunks
-  return isa == Isa::avx512_bf16 && eight_bit && (!host_features().avx512_vbmi || mx32) ? kFlagNoVbmi : 0;
+uint32_t runtime_flags(Isa isa, int32_t format, int32_t /*group*/) {
+  // Without AVX512_VBMI the avx512_bf16 tier decodes without byte tables.
+  return isa == Isa::avx512_bf16 && x_layout_needs_vbmi(x_layout(isa, format, 0)) &&
+                 !host_features().avx512_vbmi
+             ? kFlagNoVbmi
+             : 0;
 }
 
 int max_tokens_per_call(Isa isa, int32_t format) {
@@ -698,8 +825,8 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "unknown kernel flags";
     return false;
   }
-  if (x_layout(key.isa, key.format, key.flags) == XLayout::bf16_perm64 && !host_features().avx512_vbmi) {
-    *why = "this CPU lacks AVX512_VBMI for the byte-table e4m3 decode";
+  if (x_layout_needs_vbmi(x_layout(key.isa, key.format, key.flags)) && !host_features().avx512_vbmi) {
+    *why = "this CPU lacks AVX512_VBMI for the byte-table decode";
     return false;
   }
   if (f == Format::mxfp4 && key.group != 32) {
@@ -710,8 +837,12 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "mxfp8 group must be 32, 64 or 128";
     return false;
   }
-  if (is_mx8(f) && key.group < 64 && x_layout(key.isa, key.format, key.flags) == XLayout::bf16_perm64) {
-    *why = "the byte-table decode works on 64-element chunks: groups of 32 need kFlagNoVbmi";
+  if (f == Format::nvfp4 && key.group != 16) {
+    *why = "nvfp4 groups are 16";
+    return false;
+  }
+  if (byte_scales(f) && key.k % key.group != 0) {
+    *why = "k must be a multiple of the group";
     return false;
   }
   if (f == Format::fp8_block && key.rows > 128) {

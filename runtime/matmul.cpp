@@ -18,8 +18,9 @@ void Matmul::init(jit::Isa isa, const formats::Layout& layout, uint32_t flags) {
   flags_ |= jit::runtime_flags(isa, int32_t(layout.format), layout.group);
 #endif
   xlayout_ = isa == jit::Isa::scalar ? jit::XLayout::f32 : jit::x_layout(isa, int32_t(layout.format), flags_);
-  // mxfp4 groups are 32 whatever the API's group_size says (ignored for it).
+  // mxfp4 groups are 32 and nvfp4 groups 16 whatever the API's group_size says (ignored for them).
   if (layout.format == Format::mxfp4) layout_.group = 32;
+  if (layout.format == Format::nvfp4) layout_.group = 16;
 }
 
 void Matmul::x_prepare(void* vec, const uint16_t* src) const {
@@ -34,6 +35,8 @@ void Matmul::x_prepare(void* vec, const uint16_t* src) const {
         static_cast<float*>(vec)[jit::x_position(xlayout_, i, isa_)] = formats::bf16_to_f32(src[i]);
       break;
     case jit::XLayout::bf16_perm64:
+    case jit::XLayout::bf16_nib32:
+    case jit::XLayout::bf16_q4:
       for (int64_t i = 0; i < k; ++i) static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, i)] = src[i];
       break;
   }

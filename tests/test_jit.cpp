@@ -37,7 +37,7 @@ const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
 
 bool variant_available(const Variant& v, Format f) {
   if (!jit::isa_available(v.isa)) return false;
-  if (jit::x_layout(v.isa, int32_t(f), v.flags) == jit::XLayout::bf16_perm64)
+  if (jit::x_layout_needs_vbmi(jit::x_layout(v.isa, int32_t(f), v.flags)))
     return jit::host_features().avx512_vbmi;
   return true;
 }
@@ -64,7 +64,11 @@ struct Bank {
   fmt::Layout layout;
   std::vector<uint8_t> w;
   std::vector<uint8_t> scales;
-  fmt::MatrixRef ref() const { return {w.data(), scales.empty() ? nullptr : scales.data(), nullptr, 0}; }
+  std::vector<float> row_scales;  // nvfp4 per-row globals
+  fmt::MatrixRef ref() const {
+    return {w.data(), scales.empty() ? nullptr : scales.data(),
+            row_scales.empty() ? nullptr : row_scales.data(), 0};
+  }
 };
 
 // Random bank with padded, NaN-poisoned scale rows.
@@ -94,6 +98,13 @@ Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, std::mt19937& 
   if (f == Format::mxfp8_e5m2)  // finite codes only here (inf/NaN codes have their own test)
     for (auto& w : b.w)
       if ((w & 0x7C) == 0x7C) w &= 0xBB;
+  if (f == Format::nvfp4) {  // e4m3 block scales (padding: 480, the largest code), per-row globals
+    b.scales.assign(size_t(rows * b.layout.scale_stride), 0x7F);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) b.scales[size_t(r * b.layout.scale_stride + c)] = uint8_t(rng());
+    for (int64_t r = 0; r < rows; ++r)
+      b.row_scales.push_back(std::ldexp(1.0f + float(rng() % 1000) / 1000.0f, -3));
+  }
   if (is_mx8(f)) {
     b.scales.assign(size_t(rows * b.layout.scale_stride), 0xFF);  // e8m0 NaN padding
     for (int64_t r = 0; r < rows; ++r)
@@ -124,6 +135,7 @@ std::vector<float> run_kernel(const jit::Kernel& kern, const Bank& b, const std:
   jit::GemvArgs a{};
   a.w = b.w.data();
   a.scales = b.scales.empty() ? nullptr : b.scales.data();
+  a.row_scales = b.row_scales.empty() ? nullptr : b.row_scales.data();
   a.x = xp.data();
   a.y = y.data();
   a.w_prefetch = b.w.data();
@@ -134,8 +146,8 @@ std::vector<float> run_kernel(const jit::Kernel& kern, const Bank& b, const std:
 jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k, int rows, int tokens,
                         int group = 128, int64_t stride = 0) {
   jit::KernelKey key;
-  if (is_mx8(f)) {
-    key.group = group;
+  if (is_mx8(f) || f == Format::nvfp4) {
+    key.group = f == Format::nvfp4 ? 16 : group;
     key.scale_stride = stride;
   }
   key.format = int32_t(f);
@@ -145,8 +157,6 @@ jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k, int r
   key.scale_dtype = f == Format::fp8_block ? int32_t(sdt) : 0;
   key.isa = v.isa;
   key.flags = v.flags;
-  if (f != Format::mxfp4 && is_mx8(f) && group < 64 && v.isa == jit::Isa::avx512_bf16)
-    key.flags |= jit::kFlagNoVbmi;  // as the runtime does: the tables need 64-element chunks
   return key;
 }
 
@@ -266,10 +276,109 @@ TEST_P(GemvKernels, Mxfp8MatchFloat64Reference) {
   if (checked == 0) GTEST_SKIP() << "this CPU lacks " << v.name;
 }
 
+// nvfp4: e4m3 scale per 16 (random codes, padding holding the largest code),
+// fp32 per-row global; K with an odd number of 16-element groups included.
+TEST_P(GemvKernels, Nvfp4MatchFloat64Reference) {
+  const Variant v = GetParam();
+  if (!variant_available(v, Format::nvfp4)) GTEST_SKIP() << "this CPU lacks " << v.name;
+  std::mt19937 rng(7);
+  for (int k : {16, 32, 48, 144, 2880, 2896}) {
+    for (int rows : {1, 5, 16}) {
+      for (int tokens = 1; tokens <= jit::max_tokens_per_call(v.isa, int32_t(Format::nvfp4)); ++tokens) {
+        Bank b = make_bank(Format::nvfp4, ScaleDtype::bf16, rows, k, rng, 16);
+        const jit::KernelKey key =
+            make_key(v, Format::nvfp4, ScaleDtype::bf16, k, rows, tokens, 16, b.layout.scale_stride);
+        std::string err;
+        auto kern = jit::global_cache().get(key, &err);
+        ASSERT_TRUE(kern) << key.name() << ": " << err;
+        expect_matches_reference(*kern, b, rng);
+      }
+    }
+  }
+}
+
+// Every 4-bit code in every column of two blocks through the real kernels (the
+// nibble order of each decode), and every scale code (e8m0 for mxfp4, e4m3 for
+// nvfp4): row r holds one code at column c, x is one-hot at c, so y[r] is exact.
+TEST_P(GemvKernels, FourBitEveryCodeEveryColumn) {
+  const Variant v = GetParam();
+  int checked = 0;
+  for (Format f : {Format::mxfp4, Format::nvfp4, Format::q4_0}) {
+    if (!variant_available(v, f)) continue;
+    const int k = 64, group = f == Format::nvfp4 ? 16 : 32, cols = k / group;
+    const int64_t rb = fmt::row_bytes(f, k);
+    for (int what = 0; what < 2; ++what) {  // 0: element codes in every column, 1: scale codes
+      if (what == 1 && f == Format::q4_0) continue;
+      const int rows = what == 0 ? 16 * k : 256;
+      Bank b;
+      b.layout.format = f;
+      b.layout.group = group;
+      b.layout.rows = rows;
+      b.layout.k = k;
+      b.layout.scale_stride = cols;
+      b.w.assign(size_t(rows * rb), 0);
+      if (f == Format::q4_0)  // every quant 8 (value 0), d = 1.0
+        for (int64_t i = 0; i < rows * rb; i += 18) {
+          b.w[size_t(i)] = 0x00, b.w[size_t(i + 1)] = 0x3C;
+          std::memset(&b.w[size_t(i + 2)], 0x88, 16);
+        }
+      const uint8_t one_scale = f == Format::nvfp4 ? 0x38 : 127;  // 1.0
+      if (f != Format::q4_0) b.scales.assign(size_t(rows * cols), one_scale);
+      if (f == Format::nvfp4) b.row_scales.assign(size_t(rows), 1.0f);
+      std::vector<int> col_of(static_cast<size_t>(rows)), code_of(static_cast<size_t>(rows));
+      for (int r = 0; r < rows; ++r) {
+        const int c = what == 0 ? r / 16 : 40 + (r % 2) * 16;
+        const int code = what == 0 ? r % 16 : 2;  // e2m1 1.0 for the scale test
+        col_of[size_t(r)] = c, code_of[size_t(r)] = code;
+        uint8_t* row = &b.w[size_t(r * rb)];
+        if (f == Format::q4_0) {  // byte j: element j (low), j + 16 (high)
+          uint8_t& byte = row[(c / 32) * 18 + 2 + (c % 32) % 16];
+          byte = (c % 32) < 16 ? uint8_t((byte & 0xF0) | code) : uint8_t((byte & 0x0F) | (code << 4));
+        } else {
+          row[c / 2] = c % 2 ? uint8_t(code << 4) : uint8_t(code);
+        }
+        if (what == 1) b.scales[size_t(r * cols + c / group)] = uint8_t(r);
+      }
+      for (int r0 = 0; r0 < rows; r0 += 64) {
+        Bank part = b;
+        part.w.assign(b.w.begin() + r0 * rb, b.w.begin() + (r0 + 64) * rb);
+        if (!b.scales.empty())
+          part.scales.assign(b.scales.begin() + r0 * cols, b.scales.begin() + (r0 + 64) * cols);
+        if (!b.row_scales.empty())
+          part.row_scales.assign(b.row_scales.begin() + r0, b.row_scales.begin() + r0 + 64);
+        // one kernel call per column set: x one-hot at each row's column
+        for (int c = 0; c < k; ++c) {
+          bool used = false;
+          for (int i = 0; i < 64; ++i) used |= col_of[size_t(r0 + i)] == c;
+          if (!used) continue;
+          const jit::KernelKey key = make_key(v, f, ScaleDtype::bf16, k, 64, 1, group, cols);
+          std::string err;
+          auto kern = jit::global_cache().get(key, &err);
+          ASSERT_TRUE(kern) << key.name() << ": " << err;
+          std::vector<float> x(size_t(k), 0.0f);
+          x[size_t(c)] = 1.0f;
+          const std::vector<float> y = run_kernel(*kern, part, x);
+          for (int i = 0; i < 64; ++i) {
+            const int r = r0 + i;
+            if (col_of[size_t(r)] != c) continue;
+            const float want = float(fmt::weight(part.layout, part.ref(), i, c));
+            if (std::isnan(want))
+              EXPECT_TRUE(std::isnan(y[size_t(i)])) << key.name() << " row " << r << " col " << c;
+            else
+              EXPECT_EQ(y[size_t(i)], want)
+                  << key.name() << " row " << r << " col " << c << " code " << code_of[size_t(r)];
+          }
+        }
+      }
+      ++checked;
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "this CPU lacks " << v.name;
+}
+
 // GGUF q4_0 / q8_0 blocks (unaligned 18- and 34-byte blocks, fp16 d inline).
 TEST_P(GemvKernels, GgufMatchFloat64Reference) {
   const Variant v = GetParam();
-  if (v.flags) GTEST_SKIP() << "no VBMI variant for integer formats";
   std::mt19937 rng(11);
   int checked = 0;
   for (Format f : {Format::q4_0, Format::q8_0}) {

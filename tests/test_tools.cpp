@@ -141,17 +141,29 @@ const std::vector<TierCase>& tier_cases() {
        true,
        {"vpermw", "vdpbf16ps"},
        {"vpermi2b", "vpermb", "vcvtph2ps"}},
-      // mxfp8 with the default group of 32: table-free decoders on avx512_bf16
+      // mxfp8 with the default group of 32: byte tables, two e8m0 scales per 64-element block
       {"mxfp8_e4m3_avx512_bf16",
        Format::mxfp8_e4m3,
        jit::Isa::avx512_bf16,
        false,
+       {"vpermi2b", "vdpbf16ps", "k3"},
+       {"vcvtph2ps"}},
+      {"mxfp8_e4m3_avx512_bf16_novbmi",
+       Format::mxfp8_e4m3,
+       jit::Isa::avx512_bf16,
+       true,
        {"vpermw", "vdpbf16ps"},
        {"vpermi2b"}},
       {"mxfp8_e5m2_avx512_bf16",
        Format::mxfp8_e5m2,
        jit::Isa::avx512_bf16,
        false,
+       {"vpermi2b", "vdpbf16ps", "k3"},
+       {"vcvtph2ps"}},
+      {"mxfp8_e5m2_avx512_bf16_novbmi",
+       Format::mxfp8_e5m2,
+       jit::Isa::avx512_bf16,
+       true,
        {"vcvtph2ps", "vfmadd231ps"},
        {"vdpbf16ps", "vpermi2b"}},
       {"mxfp8_e4m3_avx2",
@@ -170,8 +182,38 @@ const std::vector<TierCase>& tier_cases() {
        Format::mxfp4,
        jit::Isa::avx512_bf16,
        false,
+       {"vpmultishiftqb", "vpermw", "vdpbf16ps"},
+       {"vpermps", "vcvtdq2ps"}},
+      {"mxfp4_avx512_bf16_novbmi",
+       Format::mxfp4,
+       jit::Isa::avx512_bf16,
+       true,
        {"vpermps", "vfmadd231ps", "zmm\\d+"},
-       {}},
+       {"vpmultishiftqb", "vdpbf16ps"}},
+      {"nvfp4_avx2",
+       Format::nvfp4,
+       jit::Isa::avx2,
+       false,
+       {"vpermps", "vfmadd231ps", "vmulss"},
+       {"zmm\\d+", "vdpbf16ps"}},
+      {"nvfp4_avx512",
+       Format::nvfp4,
+       jit::Isa::avx512,
+       false,
+       {"vpermps", "vfmadd231ps", "vmulss", "zmm\\d+", "k3"},
+       {"vdpbf16ps"}},
+      {"nvfp4_avx512_bf16",
+       Format::nvfp4,
+       jit::Isa::avx512_bf16,
+       false,
+       {"vpmultishiftqb", "vpermw", "vdpbf16ps", "vmulss", "k3"},
+       {"vpermps"}},
+      {"q4_0_avx512_bf16",
+       Format::q4_0,
+       jit::Isa::avx512_bf16,
+       false,
+       {"vpmultishiftqb", "vpermw", "vdpbf16ps", "vcvtph2ps"},
+       {"vcvtdq2ps"}},
       {"q4_0_avx2",
        Format::q4_0,
        jit::Isa::avx2,
@@ -215,9 +257,9 @@ TEST_P(TierListing, UsesTheTiersInstructions) {
   const TierCase& c = GetParam();
   if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis: no listings";
   if (!jit::isa_available(c.isa)) GTEST_SKIP() << "this CPU lacks tier " << jit::isa_name(c.isa);
-  if (c.isa == jit::Isa::avx512_bf16 && c.format == Format::fp8_block && !c.no_vbmi &&
-      !jit::host_features().avx512_vbmi)
-    GTEST_SKIP() << "this CPU lacks AVX512_VBMI for the byte-table e4m3 decode";
+  if (c.isa == jit::Isa::avx512_bf16 && !c.no_vbmi && !jit::host_features().avx512_vbmi &&
+      jit::x_layout_needs_vbmi(jit::x_layout(c.isa, int32_t(c.format), 0)))
+    GTEST_SKIP() << "this CPU lacks AVX512_VBMI for the byte-table decodes";
   tools::MatrixSpec spec;
   spec.format = c.format;
   // K with a tail where the format allows any K; block formats need multiples of 32.
@@ -581,8 +623,6 @@ TEST(DumpTool, BadArgumentsAndUnsupportedRequestsFailWithOneLine) {
       {"--format bf16 --list", 2},
       {"--layer --format bf16 --hidden 64 --intermediate 64 --experts 2 --top-k 3", 2},
       {"--layer --format bf16 --hidden 64 --intermediate 64 --experts 2 --top-k 1 --gate-up zip", 2},
-      {"--format nvfp4 --k 64 --rows 1 --tokens 1", 1},
-      {"--layer --format nvfp4 --hidden 64 --intermediate 64 --experts 2 --top-k 1 --list", 1},
       {"--format bf16 --k 64 --rows 1 --tokens 1 --isa scalar", 1},
       {"--format bf16 --k 64 --rows 1 --tokens 99", 1},
       {"--format fp8_block --k 64 --rows 129 --tokens 1", 1},
@@ -616,7 +656,7 @@ TEST(InfoTool, ReportsWhatTheLibraryRuns) {
   EXPECT_NE(r.out.find("host tier   " + host), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  fp8_block   " + host), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  bf16        " + host), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("  nvfp4       unsupported in this build"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  nvfp4       " + host), std::string::npos) << r.out;
   for (const char* v :
        {"MOEJIT_MAX_ISA", "MOEJIT_DEDUP", "MOEJIT_DEDUP_DEBUG", "MOEJIT_DUMP_DIR", "MOEJIT_PERF_MAP"})
     EXPECT_NE(r.out.find(v), std::string::npos) << v;

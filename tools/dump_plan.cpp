@@ -12,9 +12,8 @@ using formats::Format;
 uint32_t runtime_flags(const MatrixSpec& m) {
   const uint32_t flags =
       jit::runtime_flags(m.isa, int32_t(m.format), formats::default_group(m.format, m.group_size));
-  const bool eight_bit =
-      m.format == Format::fp8_block || m.format == Format::mxfp8_e4m3 || m.format == Format::mxfp8_e5m2;
-  return m.no_vbmi && m.isa == jit::Isa::avx512_bf16 && eight_bit ? flags | jit::kFlagNoVbmi : flags;
+  const bool has_vbmi_decode = jit::x_layout_needs_vbmi(jit::x_layout(m.isa, int32_t(m.format), 0));
+  return m.no_vbmi && has_vbmi_decode ? flags | jit::kFlagNoVbmi : flags;
 }
 
 jit::KernelKey runtime_key(const MatrixSpec& m, int rows, int tokens) {
