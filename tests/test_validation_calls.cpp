@@ -317,14 +317,16 @@ TEST_F(Validation, FuzzedDescriptorsFailCleanly) {
     moejit_linear_desc l;
     std::memset(&l, 0, sizeof(l));
     l.struct_size = lcg(s) % 16 ? sizeof(l) : uint32_t(pick_int(s)) % uint32_t(sizeof(l) + 1);
-    l.format = d.format;
-    l.scale_dtype = d.scale_dtype;
+    // Enum fields may hold out-of-range values: copy their bytes (loading one as
+    // the enum type is UB that UBSan reports).
+    std::memcpy(&l.format, &d.format, sizeof(l.format));
+    std::memcpy(&l.scale_dtype, &d.scale_dtype, sizeof(l.scale_dtype));
     l.group_size = d.group_size;
     l.rows = lcg(s) % 3 ? int32_t(1 + lcg(s) % 512) : pick_int(s);
     l.cols = lcg(s) % 3 ? int32_t(1 + lcg(s) % 256) : pick_int(s);
     l.max_tokens = d.max_tokens;
     l.weight = mats[lcg(s) % 4];
-    l.output_dtype = d.output_dtype;
+    std::memcpy(&l.output_dtype, &d.output_dtype, sizeof(l.output_dtype));
     moejit_linear* lo = reinterpret_cast<moejit_linear*>(uintptr_t(0x10));
     const moejit_status ls = moejit_linear_create(ctx_, &l, &lo);
     ASSERT_TRUE(known_status(ls)) << "iteration " << it << ": status " << int(ls);
