@@ -35,9 +35,9 @@ using GemvFn = void (*)(const GemvArgs*);
 // through arithmetic and a blend, 4-bit formats widened to fp32.
 constexpr uint32_t kFlagNoVbmi = 1;
 
-// Prepared activations are padded with zeros to a multiple of 64 elements so
-// full-vector loads past K read zeros.
-inline int64_t x_stride(int64_t k) { return (k + 63) / 64 * 64; }
+// Prepared activations are padded with zeros to a multiple of 128 elements so
+// full-vector loads past K (up to one 128-element decode chunk) read zeros.
+inline int64_t x_stride(int64_t k) { return (k + 127) / 128 * 128; }
 
 // How a kernel wants its activations laid out.
 enum class XLayout {
@@ -47,10 +47,11 @@ enum class XLayout {
                    // 16L+8..15: the order in which the byte-table e4m3 decode unpacks weights
   f32_evens_odds,  // fp32; inside each group of 2V elements (V = vector lanes) the even elements
                    // come first, then the odd ones: the order of the low and high e2m1 nibbles
-  bf16_nib32,      // bf16; inside each 32-element chunk, nibble n = 16s + 4L + i (s < 2, L < 4, i < 4)
-                   // sits at 8L + 4s + i: the order of the vpmultishiftqb + vpermw 4-bit decode
-                   // (e2m1 formats: element k is nibble k)
-  bf16_q4,         // bf16; q4_0 block element e is nibble 2(e % 16) + e / 16, placed as in bf16_nib32
+  bf16_nib128,     // bf16; inside each 128-element chunk (64 bytes of e2m1 pairs), element e sits at
+                   // 32 (e % 4) + e / 4: vector j of the decode holds nibble j of every 16-bit word
+  bf16_q4,         // bf16; inside each q4_0 block of 32, element e is nibble n = 2(e % 16) + e / 16 of the
+                   // 16 bytes, n = 16s + 4L + i (s < 2, L < 4, i < 4) sitting at 8L + 4s + i (one
+                   // vbroadcasti32x4 + vpmultishiftqb + vpermw per block)
 };
 // 4-bit formats on avx512_bf16 decode to bf16 pairs with AVX512_VBMI; without
 // it (kFlagNoVbmi) they widen to fp32.
@@ -59,7 +60,7 @@ inline bool is_e2m1_format(int32_t format) {
 }
 inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
   const bool bf16_tables = isa == Isa::avx512_bf16 && !(flags & kFlagNoVbmi);
-  if (is_e2m1_format(format)) return bf16_tables ? XLayout::bf16_nib32 : XLayout::f32_evens_odds;
+  if (is_e2m1_format(format)) return bf16_tables ? XLayout::bf16_nib128 : XLayout::f32_evens_odds;
   if (format == 4 /* q4_0 */) return bf16_tables ? XLayout::bf16_q4 : XLayout::f32;
   if (isa != Isa::avx512_bf16) return XLayout::f32;
   const bool eight_bit =
@@ -71,12 +72,13 @@ inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
 }
 // Layouts whose decode needs AVX512_VBMI (vpermi2b, vpmultishiftqb).
 inline bool x_layout_needs_vbmi(XLayout l) {
-  return l == XLayout::bf16_perm64 || l == XLayout::bf16_nib32 || l == XLayout::bf16_q4;
+  return l == XLayout::bf16_perm64 || l == XLayout::bf16_nib128 || l == XLayout::bf16_q4;
 }
 inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 || l == XLayout::f32_evens_odds ? 4 : 2; }
 // Vector lanes of fp32 activations on a tier (the evens/odds group is twice this).
 inline int64_t f32_lanes(Isa isa) { return isa == Isa::avx2 ? 8 : 16; }
-inline int64_t nib32_position(int64_t n) { return (n / 4 % 4) * 8 + (n / 16) * 4 + n % 4; }
+inline int64_t nib128_position(int64_t n) { return (n % 4) * 32 + n / 4; }
+inline int64_t nib32_position(int64_t n) { return (n % 16 / 4) * 8 + (n / 16) * 4 + n % 4; }
 inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
   switch (l) {
     case XLayout::f32_evens_odds: {
@@ -87,7 +89,7 @@ inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
       const int64_t r = k & 63, lane = r >> 4, j = r & 15;
       return (k - r) + (j < 8 ? lane * 8 + j : 32 + lane * 8 + (j - 8));
     }
-    case XLayout::bf16_nib32: return (k & ~int64_t(31)) + nib32_position(k & 31);
+    case XLayout::bf16_nib128: return (k & ~int64_t(127)) + nib128_position(k & 127);
     case XLayout::bf16_q4: {
       const int64_t e = k & 31;
       return (k - e) + nib32_position(2 * (e % 16) + e / 16);

@@ -86,10 +86,13 @@ class GemvGenerator : public Generator {
         row_bytes_(formats::row_bytes(fmt_, key.k)),
         xstride_bytes_(x_stride(key.k) * int64_t(x_elem_bytes(layout_))),
         vbmi_lut_(layout_ == XLayout::bf16_perm64),
-        nib32_(layout_ == XLayout::bf16_nib32 || layout_ == XLayout::bf16_q4),
+        nib32_(layout_ == XLayout::bf16_q4),
+        nib128_(layout_ == XLayout::bf16_nib128),
         fma_f32_(x_elem_bytes(layout_) == 4),
         vec_elems_(fma_f32_ ? tt_.vec_bytes / 4 : 32),
-        step_(vbmi_lut_ || (is_e2m1(fmt_) && fma_f32_) ? 2 * vec_elems_ : vec_elems_),
+        step_(nib128_                                    ? 4 * vec_elems_
+              : vbmi_lut_ || (is_e2m1(fmt_) && fma_f32_) ? 2 * vec_elems_
+                                                         : vec_elems_),
         // sw prefetch: bf16 multi-token calls compute long enough per line that
         // streaming no longer overlaps without help (measured: cold = hot + DRAM
         // time); they prefetch each line of the next call (w_prefetch is the next
@@ -102,9 +105,8 @@ class GemvGenerator : public Generator {
     gpb_ = scaled_ ? block_ / group : 1;
     // Lanes of the second group of a two-group block: the 64-element byte-table
     // decode and the fp32 e2m1 decode keep the first 32 (16) elements in the low
-    // 256 bits; the vpmultishiftqb decode puts source qword 1 in dwords 2, 3 of
-    // each 128-bit lane.
-    grp2_mask_ = nib32_ ? 0xCCCC : 0xFF00;
+    // 256 bits. (nib128 blocks hold 4 or 8 groups, see apply_block_scale.)
+    grp2_mask_ = 0xFF00;
     const int vpb = std::max(1, block_ / vec_elems_);
     na_ = scaled_ ? std::min(kBlockSplit, vpb) : kSplit;
     nt_ = scaled_ ? std::max(1, kSplit / na_) : 0;
@@ -112,6 +114,11 @@ class GemvGenerator : public Generator {
   }
 
   bool generate(std::string* err) {
+    const int regs = tt_.vec_bytes == 64 ? 32 : 16;
+    if (tt_.acc_first + key_.tokens * (na_ + nt_) > regs) {
+      *err = "tokens per call exceed the accumulator registers";
+      return false;
+    }
     emit_body();
     return finalize(err);
   }
@@ -163,7 +170,7 @@ class GemvGenerator : public Generator {
     sub(reg_pfd, reg_wt);
     mov(reg_s0, ptr[reg_args + offsetof(GemvArgs, scales)]);
     if (fmt_ == Format::nvfp4) mov(reg_g, ptr[reg_args + offsetof(GemvArgs, row_scales)]);
-    if (byte_scales(fmt_)) lea(reg_stab, ptr[rip + l_stab_]);
+    if (byte_scales(fmt_) && !(nib128_ && fmt_ == Format::nvfp4)) lea(reg_stab, ptr[rip + l_stab_]);
     mov(reg_x0, ptr[reg_args + offsetof(GemvArgs, x)]);
     mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
     emit_constants();
@@ -199,6 +206,19 @@ class GemvGenerator : public Generator {
   }
 
   void emit_constants() {
+    if (nib128_) {  // the e2m1 -> bf16 word table (twice); nvfp4: the pair-replicating vpermps index of
+                    // its scale vector
+      vmovdqu16(v_c(0), ptr[rip + l_nib_tbl_]);
+      if (fmt_ == Format::nvfp4) {
+        vmovdqu32(v_c(1), ptr[rip + l_pair_idx_]);
+      } else {  // mxfp4: lanes 4-7, 8-11, 12-15 take the scales of groups 1, 2, 3
+        for (int g = 1; g < 4; ++g) {
+          mov(reg_tmp.cvt32(), 0xF << (4 * g));
+          kmovw(Opmask(2 + g), reg_tmp.cvt32());
+        }
+      }
+      return;
+    }
     if (gpb_ == 2) {
       mov(reg_tmp.cvt32(), grp2_mask_);
       kmovw(k_grp2, reg_tmp.cvt32());
@@ -242,7 +262,18 @@ class GemvGenerator : public Generator {
     if (!vbmi_lut_ && !blend && !byte_scales(fmt_) && fmt_ != Format::q4_0) return;
     phase("data");
     align(64);
-    if (nib32_) {
+    if (nib128_) {
+      // vpermw reads 5 index bits; bit 4 is the next nibble's low bit, so the 16
+      // entries appear twice.
+      L(l_nib_tbl_);
+      for (int i = 0; i < 32; ++i) dw(formats::f32_to_bf16(formats::e2m1_to_f32(uint8_t(i & 15))));
+      if (fmt_ == Format::nvfp4) {  // dword 2q and 2q + 1 take the scale of group q
+        L(l_pair_idx_);
+        for (int i = 0; i < 16; ++i) dd(uint32_t(i / 2));
+        L(l_e4m3_fp16_mask_);
+        dd(0xBF80BF80u);
+      }
+    } else if (nib32_) {
       // Control of qword q = 2L + s (L = its 128-bit lane): word i takes the 8
       // bits at nibble 4L + i of the qword (s selects the low or high 8 source
       // bytes, which vbroadcasti32x4 puts in even and odd qwords).
@@ -259,13 +290,13 @@ class GemvGenerator : public Generator {
       L(l_q4_zero_);  // 16 dwords of 8
       for (int i = 0; i < 16; ++i) dd(8);
     }
-    if (is_e2m1(fmt_) && !nib32_) {
+    if (is_e2m1(fmt_) && !nib128_) {
       L(l_e2m1_);  // fp32 of the 16 e2m1 codes, then 8 dwords of the sign bit 8 (avx2)
       for (int i = 0; i < 16; ++i) emit_f32(formats::e2m1_to_f32(uint8_t(i)));
       L(l_e2m1_sign_);
       for (int i = 0; i < 8; ++i) dd(8);
     }
-    if (byte_scales(fmt_)) {
+    if (byte_scales(fmt_) && !(nib128_ && fmt_ == Format::nvfp4)) {
       // fp32 of every scale code: e8m0 2^(s-127) (0 subnormal, 255 NaN) or e4m3
       L(l_stab_);
       for (int i = 0; i < 256; ++i)
@@ -284,6 +315,18 @@ class GemvGenerator : public Generator {
       // bf16 of e4m3 subnormal magnitudes m * 2^-9, indexed by the low 5 bits (m = low 3).
       for (int i = 0; i < 32; ++i) dw(formats::f32_to_bf16(float(i & 7) / 512.0f));
     }
+  }
+
+  // Software prefetch of a later call: a code region that reads `span` bytes
+  // from the cursor prefetches the lines at cursor + pfd + 0, 64, ..., spread
+  // over its steps, so consecutive regions leave no line out whatever the
+  // block size (GGUF blocks of 18 and 34 bytes, 4-bit steps of 16).
+  void start_prefetch_span(int64_t span) {
+    pf_next_ = 0;
+    pf_span_ = span;
+  }
+  void finish_prefetch_span() {
+    for (; sw_prefetch_ && pf_next_ < pf_span_; pf_next_ += 64) prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
   }
 
   // Byte displacements of the block being emitted inside an unrolled loop body.
@@ -315,11 +358,12 @@ class GemvGenerator : public Generator {
       Label l_blk;
       mov(reg_kb, iters);
       L(l_blk);
-      pf_next_ = 0;
+      start_prefetch_span(unroll_ * block_bytes());
       for (int j = 0; j < unroll_; ++j) {
         set_block_disp(j);
         emit_block(block_, j % std::max(1, nt_));
       }
+      finish_prefetch_span();
       set_block_disp(0);
       add(reg_wk, unroll_ * block_bytes());
       add(reg_xk, int64_t(unroll_) * block_ * xbytes_);
@@ -327,7 +371,7 @@ class GemvGenerator : public Generator {
       dec(reg_kb);
       jnz(l_blk, T_NEAR);
     }
-    pf_next_ = 0;
+    start_prefetch_span(row_bytes_ - (row_bytes_ / block_bytes() - rem) * block_bytes());
     for (int j = 0; j < rem; ++j) {
       set_block_disp(j);
       emit_block(block_, j % std::max(1, nt_));
@@ -337,6 +381,7 @@ class GemvGenerator : public Generator {
       set_block_disp(rem);
       emit_block(tail, rem % std::max(1, nt_));
     }
+    finish_prefetch_span();
     set_block_disp(0);
     phase("store");
     if (scaled_)
@@ -419,9 +464,9 @@ class GemvGenerator : public Generator {
       // Formats whose decode is heavy need it; bf16 streams faster on the
       // hardware prefetcher alone (measured 67-71% vs 56-60% of the read
       // bandwidth with one thread on Zen 4).
-      if (sw_prefetch_ && w_byte(off) >= pf_next_) {
-        prefetcht1(ptr[reg_wk + reg_pfd + w_byte(off)]);
-        pf_next_ = (w_byte(off) / 64 + 1) * 64;
+      while (sw_prefetch_ && pf_next_ <= w_byte(off) && pf_next_ < pf_span_) {
+        prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
+        pf_next_ += 64;
       }
       if (cnt == step_) phase("decode");
       const int nvec = load_weights(off, cnt);
@@ -513,14 +558,24 @@ class GemvGenerator : public Generator {
       vcvtdq2ps(v_w(), v_w());
       return 1;
     }
-    if (nib32_) {  // 16 bytes -> 32 bf16: bytes 0-7 to even qwords, 8-15 to odd, 4 nibbles per qword
-      const Zmm t = Zmm(v_t(0).getIdx());
-      if (partial) {  // nvfp4 K % 32 == 16: the last 8 bytes of the row
-        vmovq(xt, w_addr(off));
-        vshufi32x4(t, t, t, 0);
+    if (nib128_) {
+      // 64 bytes -> 4 x 32 bf16: vector j is the word table at nibble j of every
+      // 16-bit word (word >> 4j; vpermw reads 5 bits, the table is doubled).
+      // Shifts rather than byte shuffles: shuffles are the scarce port here.
+      if (partial) {  // K % 128 != 0: load the row's last bytes, the rest decodes to +0
+        mov(reg_tmp, (uint64_t(1) << (cnt / 2)) - 1);  // cnt < 128: at most 63 bytes
+        kmovq(k_tail, reg_tmp);
+        vmovdqu8(Zmm(0) | k_tail | T_z, w_addr(off));
       } else {
-        vbroadcasti32x4(t, w_addr(off));
+        vmovdqu8(Zmm(0), w_addr(off));
       }
+      for (int j = 1; j < 4; ++j) vpsrlw(Zmm(j), Zmm(0), 4 * j);
+      for (int j = 0; j < 4; ++j) vpermw(Zmm(j), Zmm(j), Zmm(v_c(0).getIdx()));
+      return 4;
+    }
+    if (nib32_) {  // q4_0: 16 bytes -> 32 bf16: bytes 0-7 to even qwords, 8-15 to odd, 4 nibbles per qword
+      const Zmm t = Zmm(v_t(0).getIdx());
+      vbroadcasti32x4(t, w_addr(off));
       vpmultishiftqb(t, Zmm(v_c(0).getIdx()), t);
       vpermw(Zmm(v_w(0).getIdx()), t, Zmm(v_c(1).getIdx()));
       return 1;
@@ -682,6 +737,30 @@ class GemvGenerator : public Generator {
       vmovd(xs, reg_tmp.cvt32());
       vcvtph2ps(xs, xs);
       vbroadcastss(v_scale(), xs);
+    } else if (nib128_ && fmt_ == Format::nvfp4) {
+      // 8 e4m3 scales -> fp16 bits of scale * 2^-8 (undone at the store) -> fp32,
+      // each one on the two dwords of its group's qword
+      const int groups = (n + 15) / 16;
+      const Xmm xt = Xmm(0);
+      if (groups == 8) {
+        vpmovsxbw(xt, ptr[reg_sk + ds_]);
+      } else {  // only the groups the row has: the rest of the scale row may be padding
+        mov(reg_tmp, (uint64_t(1) << groups) - 1);
+        kmovq(k_tail, reg_tmp);
+        vmovdqu8(xt | k_tail | T_z, ptr[reg_sk + ds_]);
+        vpmovsxbw(xt, xt);
+      }
+      vpsllw(xt, xt, 7);
+      vpandd(xt, xt, ptr_b[rip + l_e4m3_fp16_mask_]);
+      vcvtph2ps(Ymm(0), xt);
+      vpermps(Zmm(v_scale().getIdx()), Zmm(v_c(1).getIdx()), Zmm(0));
+    } else if (nib128_) {  // mxfp4: group g's e8m0 scale on dwords 4g..4g+3 of each vector
+      movzx(reg_tmp.cvt32(), byte[reg_sk + ds_]);
+      vbroadcastss(v_scale(), ptr[reg_stab + reg_tmp * 4]);
+      for (int g = 1; g < (n + 31) / 32; ++g) {
+        movzx(reg_tmp.cvt32(), byte[reg_sk + ds_ + g]);
+        vbroadcastss(v_scale() | Opmask(2 + g), ptr[reg_stab + reg_tmp * 4]);
+      }
     } else if (byte_scales(fmt_)) {
       movzx(reg_tmp.cvt32(), byte[reg_sk + ds_]);
       vbroadcastss(v_scale(), ptr[reg_stab + reg_tmp * 4]);
@@ -703,7 +782,7 @@ class GemvGenerator : public Generator {
   // Horizontal sums to y[m * rows + r]; the fp16 widening's 2^-8 is undone here,
   // and nvfp4's per-row global applied.
   void emit_store() {
-    const bool fp16_trick = is_e4m3(fmt_) && fma_f32_;
+    const bool fp16_trick = (is_e4m3(fmt_) && fma_f32_) || (nib128_ && fmt_ == Format::nvfp4);
     if (fp16_trick) broadcast_u32(v_scale(), 0x43800000u, reg_tmp.cvt32());  // 256.0f
     const Xmm x0 = Xmm(0), x1 = Xmm(1);
     const Ymm y0 = Ymm(0), y1 = Ymm(1);
@@ -738,7 +817,8 @@ class GemvGenerator : public Generator {
   int64_t row_bytes_;
   int64_t xstride_bytes_;
   bool vbmi_lut_;     // 8-bit floats -> bf16 through two 128-entry byte tables (vpermi2b)
-  bool nib32_;        // 4-bit codes -> bf16 through vpmultishiftqb + vpermw
+  bool nib32_;        // q4_0 blocks -> bf16 through vbroadcasti32x4 + vpmultishiftqb + vpermw
+  bool nib128_;       // e2m1: 64 bytes -> 4 vectors of bf16 through shifts + vpermw
   bool fma_f32_;      // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
   int vec_elems_;     // weights per multiply instruction
   int step_;          // weights per decode step
@@ -746,13 +826,14 @@ class GemvGenerator : public Generator {
   int block_ = 0;     // elements per scale block (or unrolled chunk when unscaled)
   int gpb_ = 1;       // scale groups per block (1 or 2)
   uint32_t grp2_mask_ = 0;
-  int na_ = 0;       // accumulators per token inside a block (K split)
-  int nt_ = 0;       // running totals per token (scaled formats)
-  int unroll_ = 1;   // blocks per loop iteration
-  int dw_ = 0;       // byte displacements of the block being emitted: weights,
-  int64_t dx_ = 0;   // activations,
-  int ds_ = 0;       // scales
-  int pf_next_ = 0;  // next weight byte of the loop body to prefetch
+  int na_ = 0;           // accumulators per token inside a block (K split)
+  int nt_ = 0;           // running totals per token (scaled formats)
+  int unroll_ = 1;       // blocks per loop iteration
+  int dw_ = 0;           // byte displacements of the block being emitted: weights,
+  int64_t dx_ = 0;       // activations,
+  int ds_ = 0;           // scales
+  int64_t pf_next_ = 0;  // next line offset of the current region to prefetch
+  int64_t pf_span_ = 0;  // bytes the current region reads
   Label l_sub_tbl_;
   Label l_lut_;
   Label l_stab_;
@@ -761,6 +842,8 @@ class GemvGenerator : public Generator {
   Label l_e2m1_sign_;
   Label l_nib_ctrl_;
   Label l_nib_tbl_;
+  Label l_pair_idx_;
+  Label l_e4m3_fp16_mask_;
 };
 
 class GeneratedKernel : public Kernel {

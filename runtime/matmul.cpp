@@ -35,7 +35,7 @@ void Matmul::x_prepare(void* vec, const uint16_t* src) const {
         static_cast<float*>(vec)[jit::x_position(xlayout_, i, isa_)] = formats::bf16_to_f32(src[i]);
       break;
     case jit::XLayout::bf16_perm64:
-    case jit::XLayout::bf16_nib32:
+    case jit::XLayout::bf16_nib128:
     case jit::XLayout::bf16_q4:
       for (int64_t i = 0; i < k; ++i) static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, i)] = src[i];
       break;
