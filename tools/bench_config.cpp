@@ -56,9 +56,9 @@ void add_options(CLI::App& app, Args& a) {
   for (const Preset& p : presets()) names += std::string(names.empty() ? "" : ", ") + p.name;
   std::string fmts;
   for (moejit_format f : all_formats()) fmts += std::string(fmts.empty() ? "" : ",") + format_label(f);
-  app.add_flag(
-      "--demo", a.demo,
-      "Qwen3-30B-A3B geometry, bf16 and fp8_block, tokens 1,4,16, threads 1,2 (what `make demo` runs)");
+  app.add_flag("--demo", a.demo,
+               "Qwen3-30B-A3B geometry, every format, tokens 1,4,16, threads 1,2, 0.3 s per case (what `make "
+               "demo` runs)");
   app.add_option("--preset", a.preset, "model geometry: " + names)->capture_default_str();
   app.add_option("--hidden", a.hidden, "hidden size H (overrides the preset)");
   app.add_option("--intermediate", a.intermediate, "expert intermediate size I");
@@ -196,9 +196,12 @@ void apply_outputs(const CLI::App& app, const Args& a, Config* c) {
 Config make_config(const CLI::App& app, Args a) {
   if (a.demo) {  // explicit options still win over the demo's choices
     if (!app.count("--preset")) a.preset = "qwen3-30b-a3b";
-    if (!app.count("--format")) a.formats = {"bf16", "fp8_block"};
+    if (!app.count("--format"))
+      a.formats = {"bf16",  "fp8_block", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp4",
+                   "nvfp4", "ds_fp4",    "q4_0",       "q8_0"};
     if (!app.count("--tokens")) a.tokens = {1, 4, 16};
     if (!app.count("--threads")) a.threads = {1, 2};
+    if (!app.count("--min-time")) a.min_time = 0.3;
   }
   const auto preset =
       std::find_if(presets().begin(), presets().end(), [&](const Preset& p) { return a.preset == p.name; });
