@@ -36,6 +36,7 @@
 
 #include "formats/formats.h"
 #include "formats/quantize.h"
+#include "numerics_ref.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -1008,6 +1009,54 @@ TEST(ElementEncoders, Fp16AgainstF16C) {
 #else
   GTEST_SKIP() << "not x86";
 #endif
+}
+
+// ------------------------------------------------------------------ numerics banks
+
+// Fill::quantized (tests/numerics_ref) builds every format's bank, including
+// nvfp4 (with per-row globals) and ds_fp4 whose kernels are not in this build:
+// layout, poisoned scale padding and finite dequantized weights.
+TEST(QuantizedBanks, EveryFormat) {
+  for (int id = 0; id <= fm::kMaxFormatId; ++id) {
+    const auto fmt = static_cast<moejit_format>(id);
+    for (moejit_dtype sdt : {MOEJIT_DTYPE_BF16, MOEJIT_DTYPE_F32}) {
+      if (sdt == MOEJIT_DTYPE_F32 && fmt != MOEJIT_FORMAT_FP8_BLOCK) continue;
+      SCOPED_TRACE(std::string(fm::format_name(Format(id))) + (sdt == MOEJIT_DTYPE_F32 ? " f32 scales" : ""));
+      moejit_test::Rng rng(uint64_t(id) + 1);
+      const int64_t rows = 130, k = 2880, pad = 2;
+      const moejit_test::Mat m =
+          moejit_test::make_mat(fmt, sdt, rows, k, pad, moejit_test::Fill::quantized, true, rng);
+      const fm::Layout l = m.layout();
+      ASSERT_EQ(int64_t(m.data.size()), rows * fm::row_bytes(l.format, k));
+      EXPECT_EQ(m.api().row_scales != nullptr, fm::has_row_scales(l.format));
+      EXPECT_EQ(m.row_scales.size(), fm::has_row_scales(l.format) ? size_t(rows) : 0u);
+      if (fm::has_block_scales(l.format)) {
+        EXPECT_EQ(m.stride, m.scols + pad);
+        EXPECT_EQ(m.api().scale_row_stride, m.stride);
+        const int64_t eb = fm::scale_elem_bytes(l.format, l.scale_dtype);
+        for (int64_t sr = 0; sr < m.srows; ++sr)
+          for (int64_t sc = m.scols; sc < m.stride; ++sc) {
+            const uint8_t* p = &m.scales[size_t((sr * m.stride + sc) * eb)];
+            if (eb == 1) {
+              EXPECT_EQ(*p, 0xFF);
+            } else if (eb == 2) {
+              EXPECT_TRUE(std::isnan(fm::bf16_to_f32(uint16_t(p[0] | p[1] << 8))));
+            } else {
+              float f;
+              std::memcpy(&f, p, 4);
+              EXPECT_TRUE(std::isnan(f));
+            }
+          }
+      }
+      const std::vector<double> w = m.dequant();
+      int64_t nonzero = 0;
+      for (double v : w) {
+        ASSERT_TRUE(std::isfinite(v));
+        nonzero += v != 0;
+      }
+      EXPECT_GT(nonzero, int64_t(w.size()) / 2);
+    }
+  }
 }
 
 }  // namespace
