@@ -37,11 +37,10 @@ import warnings
 try:
     import numpy as np
     import ml_dtypes
-    import gguf
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize as gguf_quantize, dequantize as gguf_dequantize
 except ImportError as e:  # pragma: no cover
-    print(f"crosscheck_formats: missing Python package ({e}); `make deps` creates the venv with "
+    print(f"crosscheck_formats: missing Python package ({e}); `make pyenv` (run by `make build` / `make test`) creates build/pyenv with "
           "numpy, ml_dtypes and gguf", file=sys.stderr)
     sys.exit(1)
 
@@ -160,7 +159,7 @@ class Probe:
         prefix, out = self._path(""), self._path(".f64")
         for suffix, blob in ((".data", data), (".scales", scales), (".rows", row_scales)):
             with open(prefix + suffix, "wb") as f:
-                f.write(bytes(np.asarray(blob, dtype=np.uint8).tobytes() if not isinstance(blob, bytes) else blob))
+                f.write(blob if isinstance(blob, bytes) else np.asarray(blob).tobytes())
         self.run("dequantize", fmt, rows, k, group, sdt, prefix, out)
         return np.fromfile(out, dtype=np.float64).reshape(rows, k)
 
