@@ -2,10 +2,10 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 DEB_PACKAGES := cmake g++ make pkg-config libxbyak-dev libzydis-dev googletest libgtest-dev libgmock-dev \
-                libbenchmark-dev libdnnl-dev libcli11-dev nlohmann-json3-dev
+                libbenchmark-dev libdnnl-dev libcli11-dev nlohmann-json3-dev python3-venv python3-pip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build demo test check fuzz fuzz-deps clean format
+.PHONY: all deps pyenv build demo test check fuzz fuzz-deps clean format
 
 all: build
 
@@ -18,8 +18,23 @@ deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-$(BUILD)/CMakeCache.txt: | deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+# Test-only Python (the crosscheck_formats test: numpy, ml_dtypes, gguf as
+# references for formats/). Created once; a no-op while the stamp is newer than
+# the pinned requirements. The library itself never uses Python.
+PYENV := $(BUILD)/pyenv
+PYENV_STAMP := $(PYENV)/.installed
+PY_REQUIREMENTS := tests/python/requirements.txt
+TEST_PYTHON := $(abspath $(PYENV))/bin/python
+
+$(PYENV_STAMP): $(PY_REQUIREMENTS) | deps
+	python3 -m venv $(PYENV)
+	$(PYENV)/bin/pip install -q --disable-pip-version-check -r $(PY_REQUIREMENTS)
+	touch $@
+
+pyenv: $(PYENV_STAMP)
+
+$(BUILD)/CMakeCache.txt: $(PYENV_STAMP) | deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DMOEJIT_TEST_PYTHON=$(TEST_PYTHON)
 
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
@@ -37,8 +52,9 @@ TSAN_BUILD ?= build-tsan
 SAN_TYPE ?= RelWithDebInfo
 TSAN_TARGETS := test_numerics test_dedup test_reliability_concurrency
 TSAN_TESTS := Async\.|Stats\.|Dedup\.|Deterministic|Concurrency\.
-check: deps
-	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=$(SAN_TYPE) -DMOEJIT_SANITIZE=address,undefined -DMOEJIT_BUILD_BENCH=OFF
+check: deps pyenv
+	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=$(SAN_TYPE) -DMOEJIT_SANITIZE=address,undefined -DMOEJIT_BUILD_BENCH=OFF \
+	  -DMOEJIT_TEST_PYTHON=$(TEST_PYTHON)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "formats/quantize.h"
+
 namespace moejit_test {
 
 namespace {
@@ -24,6 +26,47 @@ uint8_t exact_e4m3_code(Rng& rng) {
   if (rng.chance(0.125)) return rng.chance(0.5) ? 0x00 : 0x80;  // +0 and -0
   const int s = rng.uniform(0, 1), e = rng.uniform(4, 7), m = rng.uniform(0, 7);
   return uint8_t(s << 7 | e << 3 | m);
+}
+
+// Fill::quantized: random fp32 rows through formats/quantize into m's layout;
+// scale padding poisoned like the other fills (NaN; e4m3 0xFF = -480).
+void fill_quantized(Mat& m, int64_t pad, Rng& rng) {
+  const fm::Format f = static_cast<fm::Format>(m.fmt);
+  if (fm::has_block_scales(f)) {
+    m.srows = fm::scale_rows(f, m.rows);
+    m.scols = fm::scale_cols(f, fm::default_group(f, 0), m.k);
+    m.stride = m.scols + pad;
+    m.api_stride = pad ? m.stride : 0;
+    const fm::ScaleDtype dt = m.sdt == MOEJIT_DTYPE_F32 ? fm::ScaleDtype::f32 : fm::ScaleDtype::bf16;
+    const size_t eb = size_t(fm::scale_elem_bytes(f, dt)), n = size_t(m.srows * m.stride);
+    m.scales.assign(n * eb, 0xFF);
+    for (size_t i = 0; i < n && eb > 1; ++i) {
+      if (eb == 4)
+        std::memcpy(&m.scales[i * 4], &kF32NaN, 4);
+      else
+        std::memcpy(&m.scales[i * 2], &kBf16NaN, 2);
+    }
+  }
+  m.data.assign(size_t(m.rows * fm::row_bytes(f, m.k)), 0);
+  if (fm::has_row_scales(f)) m.row_scales.assign(size_t(m.rows), 0.0f);
+  std::vector<float> w(size_t(m.rows * m.k));
+  for (int64_t r = 0; r < m.rows; ++r) {
+    const double mag = std::ldexp(1.0, -rng.uniform(2, 6));
+    for (int64_t k = 0; k < m.k; ++k) {
+      const double gauss =
+          std::sqrt(-2.0 * std::log(1.0 - rng.unit())) * std::cos(6.283185307179586 * rng.unit());
+      double v = gauss * mag;
+      if (rng.chance(0.01)) v *= 8;
+      if (rng.chance(0.02)) v = 0;
+      w[size_t(r * m.k + k)] = float(v);
+    }
+  }
+  fm::MatrixOut o;
+  o.data = m.data.data();
+  o.scales = m.scales.empty() ? nullptr : m.scales.data();
+  o.row_scales = m.row_scales.empty() ? nullptr : m.row_scales.data();
+  const fm::QuantResult res = fm::quantize(m.layout(), w.data(), o);
+  if (!res.ok) ADD_FAILURE() << "quantize " << fm::format_name(f) << ": " << res.error;
 }
 
 }  // namespace
@@ -53,7 +96,7 @@ moejit_matrix Mat::api() const {
   m.data = data.data();
   m.scales = scales.empty() ? nullptr : scales.data();
   m.scale_row_stride = api_stride;
-  m.row_scales = nullptr;
+  m.row_scales = row_scales.empty() ? nullptr : row_scales.data();
   m.bias = bias.empty() ? nullptr : bias.data();
   return m;
 }
@@ -73,6 +116,7 @@ fm::MatrixRef Mat::ref() const {
   fm::MatrixRef r;
   r.data = data.data();
   r.scales = scales.empty() ? nullptr : scales.data();
+  r.row_scales = row_scales.empty() ? nullptr : row_scales.data();
   return r;
 }
 
@@ -104,7 +148,9 @@ Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64
   m.sdt = sdt;
   m.rows = rows;
   m.k = k;
-  if (fmt == MOEJIT_FORMAT_BF16) {
+  if (fill == Fill::quantized) {
+    fill_quantized(m, pad, rng);
+  } else if (fmt == MOEJIT_FORMAT_BF16) {
     m.data.resize(size_t(rows * k * 2));
     for (int64_t i = 0; i < rows * k; ++i) {
       const uint16_t v = fill == Fill::exact ? fm::f32_to_bf16(float(rng.uniform(-15, 15)) / 32.0f)
@@ -407,7 +453,7 @@ LinearData make_linear(const LinearProblem& p) {
   LinearData d;
   d.p = p;
   Rng rng(p.seed);
-  d.w = make_mat(p.fmt, p.sdt, p.rows, p.cols, p.pad, Fill::random, p.bias, rng);
+  d.w = make_mat(p.fmt, p.sdt, p.rows, p.cols, p.pad, p.fill, p.bias, rng);
   d.x = make_x(int64_t(p.max_tokens) * p.cols, Fill::random, rng);
   return d;
 }

@@ -42,7 +42,10 @@ struct Rng {
 //          rounding flip next to a midpoint.
 //  random: full-range data (all e4m3 codes incl. +-480, wide bf16 exponents,
 //          non-power-of-two scales incl. f32 mantissas).
-enum class Fill { exact, random };
+//  quantized: a random fp32 matrix (gaussian rows of random magnitude, outliers,
+//          zeros) through formats/quantize, as a checkpoint would hold it; every
+//          format, nvfp4 with its per-row globals. Bounds as for random.
+enum class Fill { exact, random, quantized };
 
 // One [rows, K] matrix in the engine's layout, with poisoned scale padding.
 struct Mat {
@@ -53,8 +56,9 @@ struct Mat {
   int64_t stride = 0;      // resolved
   int64_t srows = 0, scols = 0;
   std::vector<uint8_t> data;
-  std::vector<uint8_t> scales;  // srows * stride elements
-  std::vector<uint16_t> bias;   // empty = none
+  std::vector<uint8_t> scales;    // srows * stride elements
+  std::vector<float> row_scales;  // nvfp4 per-row globals (empty otherwise)
+  std::vector<uint16_t> bias;     // empty = none
 
   moejit_matrix api() const;
   fm::Layout layout() const;
@@ -124,6 +128,7 @@ struct LinearProblem {
   bool bias = false;
   int pad = 0;
   uint64_t seed = 1;
+  Fill fill = Fill::random;
 };
 
 struct LinearData {

@@ -162,6 +162,39 @@ std::vector<MoeProblem> moe_problems() {
           MOEJIT_ACT_SWIGLU_CLAMP, Fill::random, 25);
   p.interleaved = 1, p.limit = 2.0f, p.out = MOEJIT_DTYPE_F32;
   v.push_back(p);
+  // Banks quantized from fp32 matrices (formats/quantize), one or more per format.
+  p = moe("quant_bf16_silu_H256_I128_E4_k2_bias", BF16, SB, 256, 128, 4, 2, MOEJIT_ACT_SILU, Fill::quantized,
+          81);
+  p.bias = true, p.max_tokens = 4;
+  v.push_back(p);
+  p = moe("quant_fp8bf16_silu_H384_I200_E4_k2_pad1", FP8, SB, 384, 200, 4, 2, MOEJIT_ACT_SILU,
+          Fill::quantized, 82);
+  p.pad = 1, p.max_tokens = 4;
+  v.push_back(p);
+  p = moe("quant_fp8f32_gelu_H256_I128_E4_k3_f32out", FP8, SF, 256, 128, 4, 3, MOEJIT_ACT_GELU,
+          Fill::quantized, 83);
+  p.out = MOEJIT_DTYPE_F32, p.max_tokens = 4;
+  v.push_back(p);
+  p = moe("quant_mx8_silu_H256_I128_E4_k2_pad2", MX8, SB, 256, 128, 4, 2, MOEJIT_ACT_SILU, Fill::quantized,
+          84);
+  p.pad = 2, p.max_tokens = 4;
+  v.push_back(p);
+  p = moe("quant_mx5_gelutanh_H192_I96_E4_k2", MX5, SB, 192, 96, 4, 2, MOEJIT_ACT_GELU_TANH, Fill::quantized,
+          85);
+  p.max_tokens = 4;
+  v.push_back(p);
+  p = moe("quant_mxfp4_gptoss_H2880_I64_E4_k2_il_bias_L7", MF4, SB, 2880, 64, 4, 2, MOEJIT_ACT_SWIGLU_OAI,
+          Fill::quantized, 86);
+  p.interleaved = 1, p.bias = true, p.limit = 7.0f, p.max_tokens = 3;
+  v.push_back(p);
+  p = moe("quant_q4_0_silu_H256_I96_E4_k2_bias", Q40, SB, 256, 96, 4, 2, MOEJIT_ACT_SILU, Fill::quantized,
+          87);
+  p.bias = true, p.max_tokens = 4;
+  v.push_back(p);
+  p = moe("quant_q8_0_gelu_H256_I96_E4_k2_f32out", Q80, SB, 256, 96, 4, 2, MOEJIT_ACT_GELU, Fill::quantized,
+          88);
+  p.out = MOEJIT_DTYPE_F32, p.max_tokens = 4;
+  v.push_back(p);
   return v;
 }
 
@@ -180,6 +213,11 @@ LinearProblem lin(const char* name, moejit_format fmt, moejit_dtype sdt, int row
   return p;
 }
 
+LinearProblem quantized(LinearProblem p) {
+  p.fill = Fill::quantized;
+  return p;
+}
+
 std::vector<LinearProblem> linear_problems() {
   const auto OB = MOEJIT_DTYPE_BF16, OF = MOEJIT_DTYPE_F32;
   return {
@@ -195,6 +233,15 @@ std::vector<LinearProblem> linear_problems() {
       lin("fp8bf16_r128_c127_pad5", FP8, SB, 128, 127, OF, false, 5, 40),
       lin("fp8f32_r3_c64_bias", FP8, SF, 3, 64, OF, true, 0, 41),
       lin("fp8bf16_r520_c700_bias_bf16out_pad2", FP8, SB, 520, 700, OB, true, 2, 42),
+      // Banks quantized from fp32 matrices (formats/quantize), one or more per format.
+      quantized(lin("quant_bf16_r40_c200_bias", BF16, SB, 40, 200, OF, true, 0, 91)),
+      quantized(lin("quant_fp8bf16_r130_c333_pad2", FP8, SB, 130, 333, OF, false, 2, 92)),
+      quantized(lin("quant_fp8f32_r129_c256_bf16out", FP8, SF, 129, 256, OB, false, 0, 93)),
+      quantized(lin("quant_mx8_r64_c256_pad1", MX8, SB, 64, 256, OF, false, 1, 94)),
+      quantized(lin("quant_mx5_r64_c192_bias", MX5, SB, 64, 192, OF, true, 0, 95)),
+      quantized(lin("quant_mxfp4_r48_c2880_bf16out", MF4, SB, 48, 2880, OB, false, 0, 96)),
+      quantized(lin("quant_q4_0_r64_c256", Q40, SB, 64, 256, OF, false, 0, 97)),
+      quantized(lin("quant_q8_0_r64_c2880_bias", Q80, SB, 64, 2880, OF, true, 0, 98)),
   };
 }
 
