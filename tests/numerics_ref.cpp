@@ -176,6 +176,24 @@ Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64
           p[i] = uint8_t(rng.next());
       }
     }
+  } else if (fmt == MOEJIT_FORMAT_NVFP4) {
+    // e2m1 pairs, one e4m3 scale per 16 (exact: 2^-2..2^0), an fp32 global per
+    // row (exact: 2^-1..2^0); padding holds 0x7F (480, e4m3 has no NaN).
+    m.data.resize(size_t(rows * k / 2));
+    for (auto& b : m.data) b = uint8_t(rng.next());
+    m.srows = rows;
+    m.scols = k / 16;
+    m.stride = m.scols + pad;
+    m.api_stride = pad ? m.stride : 0;
+    m.scales.assign(size_t(m.srows * m.stride), 0x7F);
+    for (int64_t sr = 0; sr < m.srows; ++sr)
+      for (int64_t sc = 0; sc < m.scols; ++sc)
+        m.scales[size_t(sr * m.stride + sc)] =
+            fill == Fill::exact ? uint8_t(0x38 - 8 * rng.uniform(0, 2)) : uint8_t(rng.uniform(0x20, 0x48));
+    m.row_scales.resize(size_t(rows));
+    for (auto& g : m.row_scales)
+      g = fill == Fill::exact ? std::ldexp(1.0f, -rng.uniform(0, 1))
+                              : float(std::ldexp(1.0 + rng.unit(), -rng.uniform(0, 2)));
   } else if (fmt == MOEJIT_FORMAT_MXFP8_E4M3 || fmt == MOEJIT_FORMAT_MXFP8_E5M2 ||
              fmt == MOEJIT_FORMAT_MXFP4) {
     // One e8m0 scale per 32 elements of each row (group 32, the default).

@@ -50,6 +50,7 @@ const auto MX8 = MOEJIT_FORMAT_MXFP8_E4M3;
 const auto MX5 = MOEJIT_FORMAT_MXFP8_E5M2;
 const auto Q40 = MOEJIT_FORMAT_Q4_0;
 const auto MF4 = MOEJIT_FORMAT_MXFP4;
+const auto NV4 = MOEJIT_FORMAT_NVFP4;
 const auto Q80 = MOEJIT_FORMAT_Q8_0;
 const auto SB = MOEJIT_DTYPE_BF16;
 const auto SF = MOEJIT_DTYPE_F32;
@@ -125,6 +126,22 @@ std::vector<MoeProblem> moe_problems() {
   v.push_back(p);
   p = moe("mxfp4_silu_H96_I64_E4_k2_T20_pad1", MF4, SB, 96, 64, 4, 2, MOEJIT_ACT_SILU, Fill::exact, 28);
   p.max_tokens = 20, p.pad = 1;
+  v.push_back(p);
+  // nvfp4: e4m3 scale per 16 and an fp32 global per row; K with an odd number of 16-groups.
+  p = moe("nvfp4_silu_H2880_I208_E6_k3_bias_pad1", NV4, SB, 2880, 208, 6, 3, MOEJIT_ACT_SILU, Fill::exact,
+          29);
+  p.bias = true, p.pad = 1, p.max_tokens = 5;
+  v.push_back(p);
+  p = moe("nvfp4_swigluoai_H144_I80_E4_k2_il_T20_f32out", NV4, SB, 144, 80, 4, 2, MOEJIT_ACT_SWIGLU_OAI,
+          Fill::exact, 30);
+  p.interleaved = 1, p.limit = 7.0f, p.out = MOEJIT_DTYPE_F32, p.max_tokens = 20;
+  v.push_back(p);
+  p = moe("random_nvfp4_gelu_H208_I112_E5_k2_pad2", NV4, SB, 208, 112, 5, 2, MOEJIT_ACT_GELU, Fill::random,
+          31);
+  p.pad = 2;
+  v.push_back(p);
+  p = moe("quant_nvfp4_silu_H256_I96_E4_k2", NV4, SB, 256, 96, 4, 2, MOEJIT_ACT_SILU, Fill::quantized, 89);
+  p.max_tokens = 4;
   v.push_back(p);
   // GGUF q4_0 / q8_0 (fp16 d inline, unaligned blocks).
   p = moe("q4_0_silu_H256_I96_E8_k3_bias", Q40, SB, 256, 96, 8, 3, MOEJIT_ACT_SILU, Fill::exact, 18);
@@ -241,6 +258,8 @@ std::vector<LinearProblem> linear_problems() {
       quantized(lin("quant_mx5_r64_c192_bias", MX5, SB, 64, 192, OF, true, 0, 95)),
       quantized(lin("quant_mxfp4_r48_c2880_bf16out", MF4, SB, 48, 2880, OB, false, 0, 96)),
       quantized(lin("quant_q4_0_r64_c256", Q40, SB, 64, 256, OF, false, 0, 97)),
+      quantized(lin("quant_nvfp4_r64_c272", NV4, SB, 64, 272, OF, false, 0, 99)),
+      lin("nvfp4_r37_c2896_bias_pad1", NV4, SB, 37, 2896, OB, true, 1, 100),
       quantized(lin("quant_q8_0_r64_c2880_bias", Q80, SB, 64, 2880, OF, true, 0, 98)),
   };
 }
