@@ -20,6 +20,8 @@ const char* format_name(Format f) {
   return "unknown";
 }
 
+Format kernel_format(Format f) { return f == Format::ds_fp4 ? Format::mxfp4 : f; }
+
 static float bits_to_f32(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
@@ -68,6 +70,62 @@ float e2m1_to_f32(uint8_t code) {
 float e8m0_to_f32(uint8_t s) {
   if (s == 255) return std::nanf("");
   return std::ldexp(1.0f, int(s) - 127);
+}
+
+uint8_t f32_to_e4m3_rne(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80u);
+  u &= 0x7FFFFFFFu;
+  if (u > 0x7F800000u) return uint8_t(sign | 0x7Fu);             // NaN
+  if (u >= 0x43E00000u) return uint8_t(sign | 0x7Eu);            // >= 448, inf: saturate
+  if (u >= 0x3C800000u) {                                        // >= 2^-6: normal, 3 mantissa bits kept
+    const uint32_t r = (u + 0x7FFFFu + ((u >> 20) & 1u)) >> 20;  // fp32 exponent and 3 bits, rounded
+    return uint8_t(sign | (r - (120u << 3)));                    // rebias 127 -> 7
+  }
+  // Subnormal range: code = rne(|f| * 2^9) in 0..8 (8 is the smallest normal, 2^-6).
+  const uint32_t e = u >> 23;
+  const uint32_t mant = (u & 0x7FFFFFu) | (e ? 0x800000u : 0u);  // |f| = mant * 2^(max(e, 1) - 150)
+  const uint32_t shift = 141u - (e ? e : 1u);                    // |f| * 2^9 = mant >> shift
+  if (shift > 25) return sign;                                   // below 2^-11: rounds to zero
+  uint32_t q = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  return uint8_t(sign | q);
+}
+
+float ds_act_scale(float amax) {
+  // The smallest n with 448 * 2^n >= max(amax, 1e-4). amax / 448 is exact or far
+  // (relatively >= 2^-8) from a power of two for bf16 amax, so double division
+  // decides the ceiling exactly; 1e-4 lies in (448 * 2^-23, 448 * 2^-22).
+  if (!(amax >= 1e-4f)) return std::ldexp(1.0f, -22);
+  int e;
+  const double m = std::frexp(double(amax) / 448.0, &e);  // amax / 448 = m * 2^e, m in [0.5, 1)
+  return std::ldexp(1.0f, m == 0.5 ? e - 1 : e);
+}
+
+void ds_act_roundtrip(const uint16_t* src, int64_t n, uint16_t* dst) {
+  for (int64_t b0 = 0; b0 < n; b0 += kDsActBlock) {
+    const int64_t b1 = b0 + kDsActBlock < n ? b0 + kDsActBlock : n;
+    uint16_t amax = 0;  // largest |bf16| bits: orders magnitudes, NaN above inf
+    for (int64_t i = b0; i < b1; ++i) {
+      const uint16_t a = uint16_t(src[i] & 0x7FFFu);
+      amax = a > amax ? a : amax;
+    }
+    if (amax >= 0x7F80u) {  // NaN or inf: s is NaN or inf, every element NaN
+      for (int64_t i = b0; i < b1; ++i) dst[i] = 0x7FC0u;
+      continue;
+    }
+    const float s = ds_act_scale(bf16_to_f32(amax));
+    const float inv = 1.0f / s;  // exact: s is a power of two in [2^-22, 2^120]
+    for (int64_t i = b0; i < b1; ++i) {
+      float q = bf16_to_f32(src[i]) * inv;  // exact unless far below e4m3's range (then rounds to +-0)
+      q = q > 448.0f ? 448.0f : (q < -448.0f ? -448.0f : q);
+      // e4m3 (<= 4 significant bits) times a power of two: exact in fp32 and bf16; it
+      // overflows to inf (as the exact value does in bf16) only for a block max >= 1.9375 * 2^127.
+      dst[i] = f32_to_bf16(e4m3_to_f32(f32_to_e4m3_rne(q)) * s);
+    }
+  }
 }
 
 bool has_block_scales(Format f) {

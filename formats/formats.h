@@ -23,6 +23,9 @@ constexpr int32_t kMaxFormatId = 8;
 enum class ScaleDtype : int32_t { bf16 = 0, f32 = 1 };
 
 const char* format_name(Format f);
+// The format whose kernels compute this format's dot products: ds_fp4 runs the
+// mxfp4 kernels (same bytes; its extra activation numerics live in runtime/).
+Format kernel_format(Format f);
 
 // ---- element decoders (formats.md "Element encodings") ----
 float bf16_to_f32(uint16_t v);
@@ -33,6 +36,24 @@ float e4m3_to_f32(uint8_t b);  // 0x7F/0xFF decode to +-480
 float e5m2_to_f32(uint8_t b);
 float e2m1_to_f32(uint8_t code);  // low 4 bits used
 float e8m0_to_f32(uint8_t s);     // 255 -> NaN
+
+// ---- element encoders ----
+// fp32 -> e4m3 (fn) code, round to nearest even, exact for every input
+// (subnormals included). Finite values beyond 448 and +-inf saturate to +-448
+// (0x7E / 0xFE); NaN gives 0x7F / 0xFF, which e4m3_to_f32 reads as +-480, so
+// callers that must keep NaN handle it themselves.
+uint8_t f32_to_e4m3_rne(float f);
+
+// ---- ds_fp4 activation numerics (formats.md "ds_fp4 extra numerics") ----
+constexpr int64_t kDsActBlock = 128;
+// Each block of 128 bf16 values (the last one may be shorter) is round-tripped
+// through e4m3 with s = 2^ceil(log2(max(amax, 1e-4) / 448)):
+// dst = bf16(e4m3_rne(clamp(src / s, +-448)) * s). Every step but the e4m3
+// rounding is exact. A block holding a NaN or an infinity has a NaN or infinite
+// amax and s, and becomes all NaN. dst may be src.
+void ds_act_roundtrip(const uint16_t* src, int64_t n, uint16_t* dst);
+// The power-of-two scale s of a block whose largest magnitude is amax (finite, >= 0).
+float ds_act_scale(float amax);
 
 // ---- layout of one [rows, K] matrix ----
 struct Layout {

@@ -33,13 +33,13 @@ constexpr int kMaxThreads = 1024;
 bool format_implemented(fmt::Format f) {
   return f == fmt::Format::bf16 || f == fmt::Format::fp8_block || f == fmt::Format::mxfp8_e4m3 ||
          f == fmt::Format::mxfp8_e5m2 || f == fmt::Format::q4_0 || f == fmt::Format::q8_0 ||
-         f == fmt::Format::mxfp4 || f == fmt::Format::nvfp4;
+         f == fmt::Format::mxfp4 || f == fmt::Format::nvfp4 || f == fmt::Format::ds_fp4;
 }
 
 // Formats whose kernels bake the scale row stride (one scale row per weight row).
 bool stride_in_kernel(fmt::Format f) {
   return f == fmt::Format::mxfp8_e4m3 || f == fmt::Format::mxfp8_e5m2 || f == fmt::Format::mxfp4 ||
-         f == fmt::Format::nvfp4;
+         f == fmt::Format::nvfp4 || f == fmt::Format::ds_fp4;
 }
 
 // struct_size rule: smaller is invalid; larger is fine when the extra bytes are zero.

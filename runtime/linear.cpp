@@ -37,6 +37,7 @@ moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConf
   l->xelem_ = l->mm_.x_elem_bytes();
   try {
     l->x_prep_.assign(size_t(cfg.max_tokens) * size_t(l->mm_.x_stride()) * l->xelem_, 0);
+    if (cfg.format == formats::Format::ds_fp4) l->x_rt_.assign(size_t(cfg.cols), 0);
     l->worker_floats_ = l->mm_.scratch_floats() + size_t(cfg.max_tokens) * size_t(l->rb_) + 16;
     l->worker_scratch_.assign(l->worker_floats_ * size_t(l->ctx_->num_threads()), 0.0f);
   } catch (const std::bad_alloc&) {
@@ -58,8 +59,14 @@ moejit_status LinearLayer::submit(int32_t T, const uint16_t* x, void* y) {
   tokens_ = T;
   y_ = y;
   const int64_t xs = mm_.x_stride();
-  for (int32_t t = 0; t < T; ++t)
-    mm_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, x + int64_t(t) * cfg_.cols);
+  for (int32_t t = 0; t < T; ++t) {
+    const uint16_t* xt = x + int64_t(t) * cfg_.cols;
+    if (!x_rt_.empty()) {  // ds_fp4
+      formats::ds_act_roundtrip(xt, cfg_.cols, x_rt_.data());
+      xt = x_rt_.data();
+    }
+    mm_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, xt);
+  }
   job_.counts[0] = nblk_;
   ctx_->launch(&job_);
   return MOEJIT_OK;

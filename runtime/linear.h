@@ -1,4 +1,7 @@
 // Dense linear: y[T, rows] = x[T, cols] W^T + bias, row blocks across the pool.
+// ds_fp4 ("mxfp4 weights with DeepSeek activation numerics") round-trips each
+// token's x through e4m3 per 128 columns first, as the MoE layer does before
+// pass 1; nothing else differs from mxfp4.
 #pragma once
 
 #include <memory>
@@ -41,6 +44,7 @@ class LinearLayer {
   int rb_ = 16;
   int64_t nblk_ = 0;
   std::vector<uint8_t> x_prep_;
+  std::vector<uint16_t> x_rt_;  // ds_fp4: [cols], one token's x after the e4m3 round trip
   size_t xelem_ = 4;
   std::vector<float> worker_scratch_;
   size_t worker_floats_ = 0;

@@ -21,6 +21,7 @@ constexpr int64_t kPrefetchBytes = 128 * 1024;
 class Matmul {
  public:
   // `flags` are jit::kFlag* bits for every kernel (0 picks the fastest path the CPU has).
+  // layout().format is formats::kernel_format of the given one (ds_fp4 -> mxfp4).
   void init(jit::Isa isa, const formats::Layout& layout, uint32_t flags = 0);
   // Records that run() will be called on rows [r0, r0 + n).
   void plan_rows(int64_t r0, int64_t n);

@@ -34,6 +34,9 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   m->cfg_ = cfg;
   const int64_t H = cfg.hidden, I = cfg.intermediate, E = cfg.experts;
   const jit::Isa isa = m->ctx_->isa();
+  m->ds_ = cfg.format == Format::ds_fp4;
+  // ds_fp4 round-trips g per 128 elements of I: each pass-1 item owns one such block.
+  if (m->ds_) m->rb1_ = int(formats::kDsActBlock);
 
   m->mm_gu_.init(isa, make_layout(cfg, 2 * I, H, gate_up[0].scale_row_stride));
   m->mm_dn_.init(isa, make_layout(cfg, H, I, down[0].scale_row_stride));
@@ -87,7 +90,7 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   // Calls to look ahead for the prefetch (each call reads one row block of one expert).
   const int64_t b1 = m->mm_gu_.call_bytes(cfg.interleaved ? 2 * m->rb1_ : m->rb1_);
   const int64_t b2 = m->mm_dn_.call_bytes(m->rb2_);
-  const bool far = jit::streams_with_prefetch(int32_t(cfg.format));
+  const bool far = jit::streams_with_prefetch(int32_t(m->mm_gu_.layout().format));
   m->ahead1_ = far ? std::max<int64_t>(1, (kPrefetchBytes + b1 - 1) / b1) : 1;
   m->ahead2_ = far ? std::max<int64_t>(1, (kPrefetchBytes + b2 - 1) / b2) : 1;
   m->xelem_ = m->mm_gu_.x_elem_bytes();
@@ -95,6 +98,7 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   const size_t gmax = size_t(group_max);
   try {
     m->x_prep_.assign(T * size_t(m->mm_gu_.x_stride()) * m->xelem_, 0);
+    if (m->ds_) m->x_rt_.assign(size_t(H), 0);
     if (m->dedup_) m->x_grp_.assign(R * size_t(m->mm_gu_.x_stride()) * m->xelem_, 0);
     m->g_grp_.assign(R * size_t(m->mm_dn_.x_stride()) * m->xelem_, 0);
     // pass 1: gate, up (or both interleaved) for a group; pass 2: dot for a group + per-token sums.
@@ -140,10 +144,17 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
   weights_ = weights;
   y_ = y;
 
-  // Prepared activations (integer work only: widening bf16 is exact).
+  // Prepared activations (integer work only: widening bf16 is exact). ds_fp4
+  // first round-trips each token's x through e4m3 per 128 (O(T * H)).
   const int64_t xs = mm_gu_.x_stride();
-  for (int32_t t = 0; t < T; ++t)
-    mm_gu_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, x + int64_t(t) * cfg_.hidden);
+  for (int32_t t = 0; t < T; ++t) {
+    const uint16_t* xt = x + int64_t(t) * cfg_.hidden;
+    if (ds_) {
+      formats::ds_act_roundtrip(xt, cfg_.hidden, x_rt_.data());
+      xt = x_rt_.data();
+    }
+    mm_gu_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, xt);
+  }
 
   // Counting sort of the active routes by expert; slots ascend inside an expert.
   std::fill(expert_count_.begin(), expert_count_.end(), 0);
@@ -257,6 +268,7 @@ void MoeLayer::pass1(int64_t item, int worker) {
   }
   const uint16_t* bias = gu_bias_[size_t(e)];
   const size_t gvec = size_t(mm_dn_.x_stride()) * xelem_;
+  uint16_t gq[formats::kDsActBlock];  // ds_fp4: this item's block of g, bf16
   for (int32_t m = 0; m < cnt; ++m) {
     const int32_t r = first + m;
     const float rw = cfg_.weight_on_input ? weights_[route_slot_[size_t(r)]] : 1.0f;
@@ -273,7 +285,15 @@ void MoeLayer::pass1(int64_t item, int worker) {
         gv += formats::bf16_to_f32(bias[rg]);
         uv += formats::bf16_to_f32(bias[ru]);
       }
-      mm_dn_.x_store(g, j0 + i, formats::round_bf16(activate(cfg_.act, gv, uv)));
+      if (ds_)
+        gq[i] = formats::f32_to_bf16(activate(cfg_.act, formats::round_bf16(gv), formats::round_bf16(uv)));
+      else
+        mm_dn_.x_store(g, j0 + i, formats::round_bf16(activate(cfg_.act, gv, uv)));
+    }
+    if (ds_) {
+      // j0 is a multiple of 128 and n <= 128: gq is exactly one 128-block of g.
+      formats::ds_act_roundtrip(gq, n, gq);
+      for (int64_t i = 0; i < n; ++i) mm_dn_.x_store(g, j0 + i, formats::bf16_to_f32(gq[i]));
     }
   }
 }
@@ -303,9 +323,16 @@ void MoeLayer::pass2(int64_t item, int worker) {
       const float w = cfg_.weight_on_input ? 1.0f : weights_[slot];
       float* a = acc + int64_t(slot / K) * n;
       const float* d = dot + int64_t(m) * n;
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = bias ? d[i] + formats::bf16_to_f32(bias[h0 + i]) : d[i];
-        a[i] += w * v;
+      if (ds_) {  // each weighted route output is rounded to bf16 before the sum
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = bias ? d[i] + formats::bf16_to_f32(bias[h0 + i]) : d[i];
+          a[i] += formats::round_bf16(w * v);
+        }
+      } else {
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = bias ? d[i] + formats::bf16_to_f32(bias[h0 + i]) : d[i];
+          a[i] += w * v;
+        }
       }
     }
   }

@@ -8,6 +8,12 @@
 // dedup every route is its own group. Groups run in ascending expert id, routes
 // inside a group in slot order, so each token's pass-2 sum follows the
 // canonical order in both modes and the bits are the same.
+//
+// ds_fp4 runs the mxfp4 kernels with DeepSeek's activation numerics around
+// them (formats.md): x is round-tripped through e4m3 per 128 before pass 1;
+// gate and up are rounded to bf16 before the activation; pass-1 items cover
+// exactly one 128-block of I, so each round-trips its own block of g; each
+// weighted route output is rounded to bf16 before the pass-2 sum.
 #pragma once
 
 #include <atomic>
@@ -65,12 +71,14 @@ class MoeLayer {
   std::vector<formats::MatrixRef> gu_, dn_;
   std::vector<const uint16_t*> gu_bias_, dn_bias_;
   Matmul mm_gu_, mm_dn_;
-  int rb1_ = 32, rb2_ = 64;  // rows of I per pass-1 item, rows of H per pass-2 item
+  int rb1_ = 32, rb2_ = 64;  // rows of I per pass-1 item (ds_fp4: kDsActBlock), rows of H per pass-2 item
+  bool ds_ = false;          // ds_fp4 activation numerics
   int64_t nblk1_ = 0, nblk2_ = 0;
   int64_t ahead1_ = 1, ahead2_ = 1;  // calls between a read and its prefetch
 
   // Scratch sized once at construction.
   std::vector<uint8_t> x_prep_;  // [max_tokens][x_stride(H)]: each token's prepared x
+  std::vector<uint16_t> x_rt_;   // ds_fp4: [H], one token's x after the e4m3 round trip
   std::vector<uint8_t> x_grp_;   // [max_tokens * top_k][x_stride(H)]: x of each route, grouped (dedup)
   std::vector<uint8_t> g_grp_;   // [max_tokens * top_k][x_stride(I)]: g of each route, grouped
   size_t xelem_ = 4;

@@ -88,6 +88,38 @@ double bf16_quantum(double v) {
   return std::ldexp(1.0, std::max(e - 8, -133));
 }
 
+// ---------------------------------------------------------------- ds_fp4 activations
+
+double ds_scale(double amax) {
+  // amax / 448 is a power of two exactly or relatively >= 2^-8 away from one, so
+  // log2 in double decides the ceiling exactly.
+  return std::exp2(std::ceil(std::log2(std::max(amax, 1e-4) / 448.0)));
+}
+
+double e4m3_rne(double v) {
+  if (v == 0 || std::isnan(v)) return v;
+  int e;
+  std::frexp(v, &e);  // |v| in [2^(e-1), 2^e): 3 mantissa bits; subnormal spacing 2^-9
+  const double q = std::ldexp(1.0, std::max(e - 4, -9));
+  return std::nearbyint(v / q) * q;  // ties to even (default rounding mode)
+}
+
+double ds_quantize(double v, double s) {
+  return round_bf16(e4m3_rne(std::min(448.0, std::max(-448.0, v / s))) * s);
+}
+
+std::vector<double> ds_roundtrip(const double* v, int64_t n) {
+  std::vector<double> out(static_cast<size_t>(n));
+  for (int64_t b0 = 0; b0 < n; b0 += 128) {
+    const int64_t b1 = std::min<int64_t>(n, b0 + 128);
+    double amax = 0;
+    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const double s = ds_scale(amax);
+    for (int64_t i = b0; i < b1; ++i) out[size_t(i)] = ds_quantize(v[i], s);
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------- Mat
 
 moejit_matrix Mat::api() const {
@@ -290,13 +322,26 @@ moejit_moe_desc MoeData::desc() const {
   return d;
 }
 
+namespace {
+
+// ds_fp4 weights are mxfp4 bytes: drawn by make_mat as mxfp4, then labelled ds_fp4.
+Mat make_weights(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64_t pad, Fill fill,
+                 bool bias, Rng& rng) {
+  Mat m =
+      make_mat(fmt == MOEJIT_FORMAT_DS_FP4 ? MOEJIT_FORMAT_MXFP4 : fmt, sdt, rows, k, pad, fill, bias, rng);
+  m.fmt = fmt;
+  return m;
+}
+
+}  // namespace
+
 MoeData make_moe(const MoeProblem& p) {
   MoeData d;
   d.p = p;
   Rng rng(p.seed);
   for (int e = 0; e < p.E; ++e) {
-    d.gu.push_back(make_mat(p.fmt, p.sdt, 2 * int64_t(p.I), p.H, p.pad, p.fill, p.bias, rng));
-    d.dn.push_back(make_mat(p.fmt, p.sdt, p.H, p.I, p.pad, p.fill, p.bias, rng));
+    d.gu.push_back(make_weights(p.fmt, p.sdt, 2 * int64_t(p.I), p.H, p.pad, p.fill, p.bias, rng));
+    d.dn.push_back(make_weights(p.fmt, p.sdt, p.H, p.I, p.pad, p.fill, p.bias, rng));
   }
   for (int e = 0; e < p.E; ++e) {
     d.gu_api.push_back(d.gu[size_t(e)].api());
@@ -352,6 +397,160 @@ double activation(const MoeProblem& p, double gate, double up) {
   return NAN;
 }
 
+// The ds_fp4 reference (formats.md "ds_fp4 extra numerics"), as an interval
+// argument on top of the bounds of moe_reference below:
+//  - x' is computed exactly as the contract says (ds_roundtrip), so the kernel and
+//    the reference see the same x'.
+//  - gate and up: the kernel's fp32 value lies within dgate of the exact one (0 for
+//    exact data), so its bf16 rounding lies in [bf16(gate - dgate), bf16(gate + dgate)];
+//    the reference takes bf16(gate).
+//  - g = bf16(act(gate', up')): the fp32 activation at any point of that box lies
+//    within delta of act at the reference's point (Lipschitz, as below), so the
+//    kernel's g lies in [bf16(a - delta), bf16(a + delta)].
+//  - g' (round trip per 128 of I): the kernel's block max lies between the largest
+//    lower end and the largest upper end of |g| over the block, so its scale is one
+//    of the powers of two ds_scale gives on that range; for each one the round trip
+//    is monotonic in g. The kernel's g' lies in the hull of those images. Where
+//    nothing is ambiguous (the usual case) the hull is the reference's single value;
+//    a block whose max could sit on either side of a 448 * 2^n threshold widens
+//    every element of the block, honestly.
+//  - c = w * (dot(down, g') + bias) in fp32 is within Dc of the exact c (the dot's
+//    fp32 error over I terms, the g' hull, the bias add and the product), so its
+//    bf16 rounding lies in [bf16(c - Dc), bf16(c + Dc)].
+//  - the route sum of up to top_k bf16 terms in fp32: (top_k + 1) u * sum |c'|.
+Reference moe_reference_ds(const MoeData& d) {
+  const MoeProblem& p = d.p;
+  const int T = p.max_tokens, H = p.H, I = p.I, K = p.top_k;
+  const bool oai = p.act == MOEJIT_ACT_SWIGLU_OAI;
+  const double L = double(p.limit);
+  const bool clamps = (oai || p.act == MOEJIT_ACT_SWIGLU_CLAMP) && L > 0 && std::isfinite(L);
+  Reference ref;
+  ref.y.assign(size_t(T * H), 0.0);
+  ref.bound.assign(size_t(T * H), 0.0);
+  ref.all_skipped.assign(size_t(T), true);
+  std::vector<double> S(size_t(T * H), 0.0), A(size_t(T * H), 0.0);
+  std::vector<double> xq;  // x' of every token
+  for (int t = 0; t < T; ++t) {
+    std::vector<double> xt(static_cast<size_t>(H));
+    for (int k = 0; k < H; ++k) xt[size_t(k)] = fm::bf16_to_f32(d.x[size_t(t * H + k)]);
+    const std::vector<double> q = ds_roundtrip(xt.data(), H);
+    xq.insert(xq.end(), q.begin(), q.end());
+  }
+  // The hull of a bf16 rounding of [v - dv, v + dv] around bf16(v).
+  auto hull_allow = [](double v, double dv, double* rv) {
+    *rv = round_bf16(v);
+    return std::max(round_bf16(v + dv) - *rv, *rv - round_bf16(v - dv));
+  };
+
+  for (int e = 0; e < p.E; ++e) {
+    std::vector<std::pair<int, int>> routes;
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < K; ++j)
+        if (d.ids[size_t(t * K + j)] == e) routes.push_back({t, j});
+    if (routes.empty()) continue;
+    const Mat& gu = d.gu[size_t(e)];
+    const Mat& dn = d.dn[size_t(e)];
+    const std::vector<double> Wg = gu.dequant(), Wd = dn.dequant();
+    std::vector<double> gb(static_cast<size_t>(I)), glo(gb.size()), ghi(gb.size());
+    std::vector<double> gq(gb.size()), allow(gb.size());
+    for (auto [t, j] : routes) {
+      ref.all_skipped[size_t(t)] = false;
+      const double wt = double(d.w[size_t(t * K + j)]);
+      const double* x = &xq[size_t(t * H)];
+      for (int i = 0; i < I; ++i) {
+        const int gr = p.interleaved ? 2 * i : i;
+        const int ur = p.interleaved ? 2 * i + 1 : I + i;
+        double dg = 0, sg = 0, du = 0, su = 0;
+        const double* wg = &Wg[size_t(gr) * H];
+        const double* wu = &Wg[size_t(ur) * H];
+        for (int k = 0; k < H; ++k) {
+          dg += wg[k] * x[k];
+          sg += std::fabs(wg[k] * x[k]);
+          du += wu[k] * x[k];
+          su += std::fabs(wu[k] * x[k]);
+        }
+        const double bg = gu.bias_at(gr), bu = gu.bias_at(ur);
+        const double ws = p.rwoi ? wt : 1.0;
+        const double gate = ws * dg + bg, up = ws * du + bu;
+        const double sgate = std::fabs(ws) * sg + std::fabs(bg), sup = std::fabs(ws) * su + std::fabs(bu);
+        const double dgate = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sgate;
+        const double dup = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sup;
+        double g16, u16;  // the reference's bf16 gate and up
+        const double dG = hull_allow(gate, dgate, &g16), dU = hull_allow(up, dup, &u16);
+        const double a = activation(p, g16, u16);
+        // The box of the kernel's (gate', up') after the swiglu clamps (1-Lipschitz),
+        // which bound both the fp32 activation error and the Lipschitz constants.
+        double gl = g16 - dG, gh = g16 + dG, gc = g16, ul = u16 - dU, uh = u16 + dU, uc = u16;
+        if (clamps) {
+          gl = std::min(gl, L), gh = std::min(gh, L), gc = std::min(gc, L);
+          ul = std::clamp(ul, -L, L), uh = std::clamp(uh, -L, L), uc = std::clamp(uc, -L, L);
+        }
+        const double gm = std::max(std::fabs(gl), std::fabs(gh));
+        const double um = std::max(std::fabs(ul), std::fabs(uh)) + (oai ? 1.0 : 0.0);
+        const double dGc = std::max(gh - gc, gc - gl), dUc = std::max(uh - uc, uc - ul);
+        const double delta = kActUlps * kU * gm * um + 1.2 * um * dGc + gm * dUc;
+        gb[size_t(i)] = round_bf16(a);
+        glo[size_t(i)] = round_bf16(a - delta);
+        ghi[size_t(i)] = round_bf16(a + delta);
+      }
+      // g' per 128-block of I.
+      for (int b0 = 0; b0 < I; b0 += 128) {
+        const int b1 = std::min(I, b0 + 128);
+        double amax = 0, alo = 0, ahi = 0;
+        for (int i = b0; i < b1; ++i) {
+          const double l = glo[size_t(i)], h = ghi[size_t(i)];
+          amax = std::max(amax, std::fabs(gb[size_t(i)]));
+          alo = std::max(alo, l <= 0 && h >= 0 ? 0.0 : std::min(std::fabs(l), std::fabs(h)));
+          ahi = std::max(ahi, std::max(std::fabs(l), std::fabs(h)));
+        }
+        const double s = ds_scale(amax), s_lo = ds_scale(alo), s_hi = ds_scale(ahi);
+        for (int i = b0; i < b1; ++i) {
+          gq[size_t(i)] = ds_quantize(gb[size_t(i)], s);
+          double lo = gq[size_t(i)], hi = lo;
+          for (double c = s_lo; c <= s_hi; c *= 2) {
+            lo = std::min(lo, ds_quantize(glo[size_t(i)], c));
+            hi = std::max(hi, ds_quantize(ghi[size_t(i)], c));
+          }
+          allow[size_t(i)] = std::max(hi - gq[size_t(i)], gq[size_t(i)] - lo);
+          ref.flagged += allow[size_t(i)] > 0;
+          ref.g_elems++;
+        }
+      }
+      const double gmax = *std::max_element(gq.begin(), gq.end(),
+                                            [](double a, double b) { return std::fabs(a) < std::fabs(b); });
+      for (int i = 0; i < I; ++i)
+        ref.significant += allow[size_t(i)] > 0 && std::fabs(gq[size_t(i)]) * 16 >= std::fabs(gmax);
+      const double wc = p.rwoi ? 1.0 : wt;
+      for (int h = 0; h < H; ++h) {
+        const double* wd = &Wd[size_t(h) * I];
+        double dot = 0, s1 = 0, a1 = 0;
+        for (int i = 0; i < I; ++i) {
+          dot += wd[i] * gq[size_t(i)];
+          s1 += std::fabs(wd[i]) * (std::fabs(gq[size_t(i)]) + allow[size_t(i)]);
+          a1 += std::fabs(wd[i]) * allow[size_t(i)];
+        }
+        const double bd = dn.bias_at(h);
+        const double c = wc * (dot + bd);
+        const double dc = std::fabs(wc) * ((I + 68) * kU * (s1 + std::fabs(bd)) + a1);
+        double c16;
+        const double ac = hull_allow(c, dc, &c16);
+        ref.c_flagged += ac > 0;
+        ref.c_elems++;
+        const size_t o = size_t(t * H + h);
+        ref.y[o] += c16;
+        S[o] += std::fabs(c16) + ac;
+        A[o] += ac;
+      }
+    }
+  }
+  for (size_t o = 0; o < ref.y.size(); ++o) {
+    double b = (K + 1) * kU * S[o] + A[o];
+    if (p.out == MOEJIT_DTYPE_BF16) b += 0.5 * bf16_quantum(std::fabs(ref.y[o]) + b);
+    ref.bound[o] = b;
+  }
+  return ref;
+}
+
 }  // namespace
 
 // Bounds. Pass 1: with exact data gate/up are exact in fp32; otherwise they are
@@ -365,6 +564,7 @@ double activation(const MoeProblem& p, double gate, double up) {
 // sum are fp32 roundings: (I + 64 + 4*top_k)u * sum|terms|, plus the g allowance
 // times |w * down|, plus half a bf16 ulp when y is bf16.
 Reference moe_reference(const MoeData& d) {
+  if (d.p.fmt == MOEJIT_FORMAT_DS_FP4) return moe_reference_ds(d);
   const MoeProblem& p = d.p;
   const int T = p.max_tokens, H = p.H, I = p.I, K = p.top_k;
   const bool oai = p.act == MOEJIT_ACT_SWIGLU_OAI;
@@ -471,23 +671,32 @@ LinearData make_linear(const LinearProblem& p) {
   LinearData d;
   d.p = p;
   Rng rng(p.seed);
-  d.w = make_mat(p.fmt, p.sdt, p.rows, p.cols, p.pad, p.fill, p.bias, rng);
+  d.w = make_weights(p.fmt, p.sdt, p.rows, p.cols, p.pad, p.fill, p.bias, rng);
   d.x = make_x(int64_t(p.max_tokens) * p.cols, Fill::random, rng);
   return d;
 }
 
 // |y - ref| <= 2^-24 (K + 64) (sum_k |w_k x_k| + |bias|), + half a bf16 ulp for bf16 y.
+// ds_fp4: x is first round-tripped through e4m3 per 128 columns, exactly as the
+// MoE layer's input (docs/FORMATS.md), so kernel and reference share x'.
 Reference linear_reference(const LinearData& d) {
   const LinearProblem& p = d.p;
   Reference ref;
   ref.y.assign(size_t(p.max_tokens * p.rows), 0.0);
   ref.bound.assign(ref.y.size(), 0.0);
   const std::vector<double> W = d.w.dequant();
+  std::vector<double> X(d.x.size());
+  for (size_t i = 0; i < X.size(); ++i) X[i] = fm::bf16_to_f32(d.x[i]);
+  if (p.fmt == MOEJIT_FORMAT_DS_FP4)
+    for (int t = 0; t < p.max_tokens; ++t) {
+      const std::vector<double> q = ds_roundtrip(&X[size_t(t * p.cols)], p.cols);
+      std::copy(q.begin(), q.end(), X.begin() + t * p.cols);
+    }
   for (int t = 0; t < p.max_tokens; ++t)
     for (int r = 0; r < p.rows; ++r) {
       double dot = 0, s = 0;
       for (int k = 0; k < p.cols; ++k) {
-        const double prod = W[size_t(r) * p.cols + k] * double(fm::bf16_to_f32(d.x[size_t(t * p.cols + k)]));
+        const double prod = W[size_t(r) * p.cols + k] * X[size_t(t * p.cols + k)];
         dot += prod;
         s += std::fabs(prod);
       }

@@ -77,6 +77,14 @@ std::vector<uint16_t> make_x(int64_t n, Fill fill, Rng& rng);
 double round_bf16(double v);    // round to nearest even in bf16, from a double (no double rounding)
 double bf16_quantum(double v);  // spacing of bf16 values at |v|
 
+// ds_fp4 activation numerics (formats.md "ds_fp4 extra numerics"), literally in
+// double: s = 2^ceil(log2(max(amax, 1e-4) / 448)), v' = bf16(e4m3_rne(clamp(v / s, +-448)) * s).
+double ds_scale(double amax);
+double e4m3_rne(double v);               // nearest e4m3 value, ties to even (|v| <= 448)
+double ds_quantize(double v, double s);  // bf16(e4m3_rne(clamp(v / s, +-448)) * s)
+// The round trip of n values, per block of 128 (the last one may be shorter).
+std::vector<double> ds_roundtrip(const double* v, int64_t n);
+
 // ---------------------------------------------------------------- MoE
 
 struct MoeProblem {
@@ -113,6 +121,8 @@ struct Reference {
   int64_t flagged = 0;            // g elements with a legitimate bf16 rounding ambiguity
   int64_t significant = 0;        // ... among those, elements above 1/16 of their route's largest |g|
   int64_t g_elems = 0;
+  // ds_fp4: route outputs (before the pass-2 sum) with a legitimate bf16 rounding ambiguity.
+  int64_t c_flagged = 0, c_elems = 0;
 };
 
 Reference moe_reference(const MoeData& d);

@@ -3,6 +3,7 @@
 // environment switch is read at context creation.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -18,11 +19,43 @@ constexpr int H = 200, I = 72, E = 9, K = 4, TM = 64;
 
 struct Bank {
   int format;
+  int h = H, i = I;  // hidden and intermediate of this bank
   std::vector<uint8_t> gu, dn;
   std::vector<uint16_t> scales;
+  std::vector<uint8_t> gu_scales, dn_scales;  // ds_fp4: e8m0 per 32, dense
   std::vector<moejit_matrix> gum, dnm;
   size_t expert_bytes = 0;
 };
+
+// ds_fp4 (mxfp4 bytes, e8m0 scales per 32): H and I multiples of 32 with short
+// 128-blocks at the end (320 = 2 * 128 + 64, 160 = 128 + 32), so the x and g
+// round trips have tail blocks.
+constexpr int kDsH = 320, kDsI = 160;
+
+Bank make_ds_bank(std::mt19937& rng) {
+  Bank b;
+  b.format = MOEJIT_FORMAT_DS_FP4;
+  b.h = kDsH;
+  b.i = kDsI;
+  const size_t gu_bytes = size_t(2 * kDsI) * kDsH / 2, dn_bytes = size_t(kDsH) * kDsI / 2;
+  const size_t gu_sc = size_t(2 * kDsI) * (kDsH / 32), dn_sc = size_t(kDsH) * (kDsI / 32);
+  b.gu.resize(E * gu_bytes);
+  b.dn.resize(E * dn_bytes);
+  b.gu_scales.resize(E * gu_sc);
+  b.dn_scales.resize(E * dn_sc);
+  for (auto& x : b.gu) x = uint8_t(rng());
+  for (auto& x : b.dn) x = uint8_t(rng());
+  for (auto* v : {&b.gu_scales, &b.dn_scales})
+    for (auto& x : *v) x = uint8_t(121 + rng() % 8);  // 2^-6 .. 2^1
+  b.gum.resize(E);
+  b.dnm.resize(E);
+  for (int e = 0; e < E; ++e) {
+    b.gum[size_t(e)] = {b.gu.data() + e * gu_bytes, b.gu_scales.data() + e * gu_sc, 0, nullptr, nullptr};
+    b.dnm[size_t(e)] = {b.dn.data() + e * dn_bytes, b.dn_scales.data() + e * dn_sc, 0, nullptr, nullptr};
+  }
+  b.expert_bytes = gu_bytes + dn_bytes + gu_sc + dn_sc;
+  return b;
+}
 
 Bank make_bank(int format, std::mt19937& rng) {
   Bank b;
@@ -82,8 +115,8 @@ Result run(const Bank& b, moejit_isa isa, int threads, uint32_t flags, int T, co
   moejit_moe_desc d{};
   d.struct_size = sizeof d;
   d.format = moejit_format(b.format);
-  d.hidden = H;
-  d.intermediate = I;
+  d.hidden = b.h;
+  d.intermediate = b.i;
   d.num_experts = E;
   d.top_k = K;
   d.max_tokens = TM;
@@ -93,7 +126,7 @@ Result run(const Bank& b, moejit_isa isa, int threads, uint32_t flags, int T, co
   d.down = b.dnm.data();
   moejit_moe* moe = nullptr;
   EXPECT_EQ(moejit_moe_create(ctx, &d, &moe), MOEJIT_OK) << moejit_last_error();
-  out.y.assign(size_t(T) * H, -1.0f);
+  out.y.assign(size_t(T) * b.h, -1.0f);
   EXPECT_EQ(moejit_moe_forward(moe, T, x.data(), ids.data(), w.data(), out.y.data()), MOEJIT_OK)
       << moejit_last_error();
   out.stats.struct_size = sizeof out.stats;
@@ -105,12 +138,12 @@ Result run(const Bank& b, moejit_isa isa, int threads, uint32_t flags, int T, co
 
 TEST(Dedup, SameBitsOnAndOffEveryTierAndRouting) {
   std::mt19937 rng(7);
-  std::vector<uint16_t> x(size_t(TM) * H);
+  std::vector<uint16_t> x(size_t(TM) * kDsH);
   for (auto& v : x) v = uint16_t(0x3C00 + rng() % 0x400 + (rng() & 0x8000));
   std::vector<float> w(size_t(TM) * K);
   for (auto& v : w) v = float(rng() % 1000) / 1000.0f;
-  for (int format : {MOEJIT_FORMAT_BF16, MOEJIT_FORMAT_FP8_BLOCK}) {
-    const Bank b = make_bank(format, rng);
+  for (int format : {MOEJIT_FORMAT_BF16, MOEJIT_FORMAT_FP8_BLOCK, MOEJIT_FORMAT_DS_FP4}) {
+    const Bank b = format == MOEJIT_FORMAT_DS_FP4 ? make_ds_bank(rng) : make_bank(format, rng);
     for (int isa = MOEJIT_ISA_SCALAR; isa <= moejit_host_isa(); ++isa) {
       for (Routing r : {Routing::random, Routing::skewed, Routing::same}) {
         const std::vector<int32_t> ids = make_ids(r, rng);
@@ -121,6 +154,9 @@ TEST(Dedup, SameBitsOnAndOffEveryTierAndRouting) {
           ASSERT_EQ(std::memcmp(on.y.data(), off.y.data(), on.y.size() * 4), 0)
               << "format " << format << " tier " << moejit_isa_name(moejit_isa(isa)) << " routing " << int(r)
               << " tokens " << T;
+          int finite_nonzero = 0;  // the comparison is between real numbers, not NaN or zeros
+          for (float v : on.y) finite_nonzero += std::isfinite(v) && v != 0.0f;
+          EXPECT_GT(finite_nonzero, int(on.y.size()) / 2) << "format " << format << " tokens " << T;
           // Hand count of routes and distinct experts.
           std::set<int32_t> experts;
           uint64_t routes = 0;

@@ -4,10 +4,12 @@
 // the kernels rely on, and, for fp16, by the F16C instruction itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "formats/formats.h"
@@ -130,6 +132,297 @@ TEST(E4m3, SpotValues) {
   for (unsigned c = 0; c < 256; ++c) {
     const float v = fm::e4m3_to_f32(uint8_t(c));
     EXPECT_TRUE(std::isfinite(v)) << "no e4m3 code is inf or NaN: 0x" << std::hex << c;
+  }
+}
+
+// ---------------------------------------------------------------- e4m3 encoder
+
+namespace {
+
+// Nearest e4m3 (fn) code to |v| by search over the 127 finite non-negative codes
+// (0x00..0x7E); ties go to the even code (mantissa bit 0 clear). Beyond 448: 0x7E.
+uint8_t e4m3_nearest_by_search(double v) {
+  const double a = std::fabs(v);
+  uint8_t best = 0;
+  for (unsigned c = 1; c <= 0x7E; ++c) {
+    const double d = std::fabs(e4m3_formula(uint8_t(c)) - a), db = std::fabs(e4m3_formula(best) - a);
+    if (d < db || (d == db && (c & 1) == 0)) best = uint8_t(c);
+  }
+  return uint8_t(best | (std::signbit(v) ? 0x80 : 0));
+}
+
+}  // namespace
+
+TEST(E4m3Encode, EveryFiniteCodeRoundTrips) {
+  for (unsigned c = 0; c < 256; ++c) {
+    if ((c & 0x7F) == 0x7F) continue;  // +-480: outside e4m3fn's finite range, saturates
+    EXPECT_EQ(fm::f32_to_e4m3_rne(fm::e4m3_to_f32(uint8_t(c))), c) << "code 0x" << std::hex << c;
+  }
+  EXPECT_EQ(fm::f32_to_e4m3_rne(480.0f), 0x7E);
+  EXPECT_EQ(fm::f32_to_e4m3_rne(-480.0f), 0xFE);
+}
+
+TEST(E4m3Encode, EveryBf16MatchesNearestEvenSearch) {
+  for (uint32_t v = 0; v < 65536; ++v) {
+    const float f = fm::bf16_to_f32(uint16_t(v));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(fm::f32_to_e4m3_rne(f), e4m3_nearest_by_search(f)) << "bf16 0x" << std::hex << v << " = " << f;
+  }
+}
+
+TEST(E4m3Encode, MidpointsTieToEvenAndNeighboursDoNot) {
+  // Every midpoint between consecutive non-negative codes, exactly and one fp32 ulp either side.
+  int ties = 0;
+  for (unsigned c = 0; c < 0x7E; ++c) {
+    const double lo = e4m3_formula(uint8_t(c)), hi = e4m3_formula(uint8_t(c + 1));
+    const float mid = float((lo + hi) / 2);  // exact: <= 5 significant bits
+    ASSERT_EQ(double(mid), (lo + hi) / 2);
+    const uint8_t even = (c & 1) ? uint8_t(c + 1) : uint8_t(c);
+    for (float sgn : {1.0f, -1.0f}) {
+      const uint8_t s = sgn < 0 ? 0x80 : 0;
+      EXPECT_EQ(fm::f32_to_e4m3_rne(sgn * mid), even | s) << "midpoint " << sgn * mid;
+      EXPECT_EQ(fm::f32_to_e4m3_rne(sgn * std::nextafter(mid, 0.0f)), c | s) << "below " << mid;
+      EXPECT_EQ(fm::f32_to_e4m3_rne(sgn * std::nextafter(mid, INFINITY)), (c + 1) | s) << "above " << mid;
+    }
+    ++ties;
+  }
+  EXPECT_EQ(ties, 126);
+  EXPECT_EQ(fm::f32_to_e4m3_rne(std::ldexp(1.0f, -10)), 0x00);      // half the smallest subnormal
+  EXPECT_EQ(fm::f32_to_e4m3_rne(3 * std::ldexp(1.0f, -10)), 0x02);  // 1.5 * 2^-9 -> 2 * 2^-9
+  EXPECT_EQ(fm::f32_to_e4m3_rne(8.5f), 0x50);                       // 8 (even), not 9
+  EXPECT_EQ(fm::f32_to_e4m3_rne(9.5f), 0x52);                       // 10 (even), not 9
+}
+
+TEST(E4m3Encode, RandomFp32MatchesSearch) {
+  std::mt19937 rng(3);
+  for (int i = 0; i < 200000; ++i) {
+    // Magnitudes 2^-30..2^10 (below, across and above e4m3's range), any mantissa.
+    const float f = bits_f32((rng() & 0x80000000u) | uint32_t(97 + rng() % 40) << 23 | (rng() & 0x7FFFFFu));
+    ASSERT_EQ(fm::f32_to_e4m3_rne(f), e4m3_nearest_by_search(f)) << f;
+  }
+  for (uint32_t u = 1; u < 4096; ++u) {  // fp32 subnormals
+    ASSERT_EQ(fm::f32_to_e4m3_rne(bits_f32(u)), 0x00);
+    ASSERT_EQ(fm::f32_to_e4m3_rne(bits_f32(u | 0x80000000u)), 0x80);
+  }
+}
+
+TEST(E4m3Encode, SaturationZerosAndNaN) {
+  EXPECT_EQ(fm::f32_to_e4m3_rne(448.0f), 0x7E);
+  EXPECT_EQ(fm::f32_to_e4m3_rne(463.99f), 0x7E);
+  EXPECT_EQ(fm::f32_to_e4m3_rne(464.0f), 0x7E);  // saturates (RNE would reach 480, not finite in e4m3fn)
+  EXPECT_EQ(fm::f32_to_e4m3_rne(1e30f), 0x7E);
+  EXPECT_EQ(fm::f32_to_e4m3_rne(-1e30f), 0xFE);
+  EXPECT_EQ(fm::f32_to_e4m3_rne(INFINITY), 0x7E);
+  EXPECT_EQ(fm::f32_to_e4m3_rne(-INFINITY), 0xFE);
+  EXPECT_EQ(fm::f32_to_e4m3_rne(0.0f), 0x00);
+  EXPECT_EQ(fm::f32_to_e4m3_rne(-0.0f), 0x80);
+  EXPECT_EQ(fm::f32_to_e4m3_rne(std::nanf("")), 0x7F);
+  EXPECT_EQ(fm::f32_to_e4m3_rne(-std::nanf("")), 0xFF);
+}
+
+// ---------------------------------------------------------------- ds_fp4 activation round trip
+
+namespace {
+
+// formats.md "ds_fp4 extra numerics", evaluated literally in double:
+// s = 2^ceil(log2(max(amax, 1e-4) / 448)), x' = bf16(e4m3_rne(clamp(x / s, +-448)) * s),
+// with the e4m3 rounding done by frexp/nearbyint (not by the encoder under test).
+double e4m3_rne_double(double v) {
+  if (v == 0) return v;
+  int e;
+  std::frexp(v, &e);  // |v| in [2^(e-1), 2^e)
+  const double q = std::ldexp(1.0, std::max(e - 4, -9));
+  return std::nearbyint(v / q) * q;
+}
+
+double bf16_rne_double(double v) {
+  if (v == 0 || !std::isfinite(v)) return v;
+  int e;
+  std::frexp(v, &e);
+  const double q = std::ldexp(1.0, std::max(e - 8, -133));
+  const double r = std::nearbyint(v / q) * q;
+  return std::fabs(r) >= std::ldexp(1.0, 128) ? std::copysign(INFINITY, v) : r;
+}
+
+std::vector<uint16_t> roundtrip_by_formula(const std::vector<uint16_t>& x) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t b0 = 0; b0 < x.size(); b0 += 128) {
+    const size_t b1 = std::min(x.size(), b0 + 128);
+    double amax = 0;
+    for (size_t i = b0; i < b1; ++i) amax = std::fmax(amax, std::fabs(double(fm::bf16_to_f32(x[i]))));
+    bool poisoned = false;
+    for (size_t i = b0; i < b1; ++i) poisoned |= !std::isfinite(fm::bf16_to_f32(x[i]));
+    const double s = std::exp2(std::ceil(std::log2(std::max(amax, 1e-4) / 448.0)));
+    for (size_t i = b0; i < b1; ++i) {
+      if (poisoned) {
+        out[i] = 0x7FC0;
+        continue;
+      }
+      const double q = std::min(448.0, std::max(-448.0, double(fm::bf16_to_f32(x[i])) / s));
+      out[i] = fm::f32_to_bf16(float(bf16_rne_double(e4m3_rne_double(q) * s)));
+    }
+  }
+  return out;
+}
+
+uint16_t bf(double v) { return fm::f32_to_bf16(float(v)); }
+
+void expect_roundtrip(const std::vector<uint16_t>& x, const char* what) {
+  std::vector<uint16_t> got(x.size(), 0xDEAD);
+  fm::ds_act_roundtrip(x.data(), int64_t(x.size()), got.data());
+  const std::vector<uint16_t> want = roundtrip_by_formula(x);
+  int bad = 0;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (got[i] != want[i] && bad++ < 8)
+      ADD_FAILURE() << what << ": element " << i << " x = " << fm::bf16_to_f32(x[i]) << " got "
+                    << fm::bf16_to_f32(got[i]) << " (0x" << std::hex << got[i] << ") want "
+                    << fm::bf16_to_f32(want[i]) << " (0x" << want[i] << ")";
+  EXPECT_EQ(bad, 0) << what;
+  // In place gives the same bits.
+  std::vector<uint16_t> inplace = x;
+  fm::ds_act_roundtrip(inplace.data(), int64_t(inplace.size()), inplace.data());
+  EXPECT_EQ(inplace, got) << what << " in place";
+}
+
+}  // namespace
+
+TEST(DsActRoundTrip, ScaleIsCeilPowerOfTwo) {
+  EXPECT_EQ(fm::ds_act_scale(448.0f), 1.0f);
+  EXPECT_EQ(fm::ds_act_scale(448.0f * 1.0078125f), 2.0f);
+  EXPECT_EQ(fm::ds_act_scale(447.0f), 1.0f);
+  EXPECT_EQ(fm::ds_act_scale(224.0f), 0.5f);
+  EXPECT_EQ(fm::ds_act_scale(225.0f), 1.0f);
+  EXPECT_EQ(fm::ds_act_scale(0.0f), std::ldexp(1.0f, -22));     // max(0, 1e-4) = 1e-4
+  EXPECT_EQ(fm::ds_act_scale(1e-30f), std::ldexp(1.0f, -22));   // tiny amax uses 1e-4 too
+  EXPECT_EQ(fm::ds_act_scale(1.1e-4f), std::ldexp(1.0f, -21));  // above 448 * 2^-22 = 1.068e-4
+  EXPECT_EQ(fm::ds_act_scale(3.3895314e38f), std::ldexp(1.0f, 120));
+  for (uint32_t v = 0; v < 0x7F80; ++v) {  // every finite non-negative bf16 against the formula
+    const double a = fm::bf16_to_f32(uint16_t(v));
+    const double want = std::exp2(std::ceil(std::log2(std::max(a, 1e-4) / 448.0)));
+    ASSERT_EQ(double(fm::ds_act_scale(float(a))), want) << a;
+  }
+}
+
+TEST(DsActRoundTrip, ZeroBlockUsesTheFloor) {
+  std::vector<uint16_t> x(128, 0);
+  x[5] = 0x8000;  // -0 stays -0
+  expect_roundtrip(x, "all zero");
+  std::vector<uint16_t> got(x.size());
+  fm::ds_act_roundtrip(x.data(), 128, got.data());
+  EXPECT_EQ(got[0], 0x0000);
+  EXPECT_EQ(got[5], 0x8000);
+  // amax below 1e-4: s = 2^-22, so 5e-5 -> e4m3(209.7...) = 208 -> 208 * 2^-22.
+  std::vector<uint16_t> t(40, 0);
+  t[0] = bf(5e-5);
+  t[1] = bf(-1e-6);                 // 1e-6 * 2^22 = 4.19 -> 4
+  t[2] = bf(std::ldexp(1.0, -33));  // 2^-11 below the smallest subnormal: rounds to 0
+  fm::ds_act_roundtrip(t.data(), int64_t(t.size()), got.data());
+  EXPECT_EQ(double(fm::bf16_to_f32(got[0])), std::ldexp(208.0, -22));
+  EXPECT_EQ(double(fm::bf16_to_f32(got[1])), -std::ldexp(4.0, -22));
+  EXPECT_EQ(got[2], 0x0000);
+  expect_roundtrip(t, "amax below 1e-4");
+}
+
+TEST(DsActRoundTrip, BlockMaxLandsOn448) {
+  // amax = 448 * 2^n exactly: the largest element maps to +-448 * s (the clamp's edge).
+  for (int n : {-20, -3, 0, 5, 100}) {
+    std::vector<uint16_t> x(128);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = bf(std::ldexp((int(i) % 17 - 8) * 3.0, n));
+    x[7] = bf(std::ldexp(448.0, n));
+    x[9] = bf(std::ldexp(-448.0, n));
+    std::vector<uint16_t> got(x.size());
+    fm::ds_act_roundtrip(x.data(), 128, got.data());
+    EXPECT_EQ(got[7], x[7]) << n;
+    EXPECT_EQ(got[9], x[9]) << n;
+    expect_roundtrip(x, "amax 448 * 2^n");
+  }
+  // amax 447 (s = 1) rounds up to 448; 440 * 2 = 880 (s = 2) is 440 -> 448 -> 896.
+  std::vector<uint16_t> x = {bf(447.0), bf(-3.0), bf(880.0)};
+  std::vector<uint16_t> got(3);
+  fm::ds_act_roundtrip(x.data(), 2, got.data());
+  EXPECT_EQ(double(fm::bf16_to_f32(got[0])), 448.0);
+  EXPECT_EQ(double(fm::bf16_to_f32(got[1])), -3.0);
+  fm::ds_act_roundtrip(x.data() + 2, 1, got.data() + 2);
+  EXPECT_EQ(double(fm::bf16_to_f32(got[2])), 896.0);
+  // The largest bf16 values overflow to inf, as their exact round trip (2^128) does in bf16.
+  std::vector<uint16_t> big = {0x7F7F, 0x3F80};
+  fm::ds_act_roundtrip(big.data(), 2, got.data());
+  EXPECT_EQ(got[0], 0x7F80);
+  expect_roundtrip(big, "bf16 max");
+}
+
+TEST(DsActRoundTrip, TiesToEven) {
+  // s = 1 (amax 448): x at midpoints between e4m3 values goes to the even code.
+  std::vector<uint16_t> x = {bf(448.0),
+                             bf(8.5),
+                             bf(9.5),
+                             bf(17.0),
+                             bf(19.0),
+                             bf(-8.5),
+                             bf(240.0),
+                             bf(248.0),
+                             bf(0.0009765625 /* 2^-10 */),
+                             bf(3 * 0.0009765625)};
+  std::vector<uint16_t> got(x.size());
+  fm::ds_act_roundtrip(x.data(), int64_t(x.size()), got.data());
+  const double want[] = {448, 8, 10, 16, 20, -8, 240, 256, 0, 2 * 0.001953125};
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_EQ(double(fm::bf16_to_f32(got[i])), want[i]) << "x = " << fm::bf16_to_f32(x[i]);
+  expect_roundtrip(x, "ties");
+}
+
+TEST(DsActRoundTrip, NaNAndInfPoisonOnlyTheirBlock) {
+  std::vector<uint16_t> x(3 * 128 + 20);
+  std::mt19937 rng(5);
+  for (auto& v : x) v = uint16_t((rng() & 0x8000) | (0x3A00 + rng() % 0x800));
+  x[130] = 0x7FC1;  // NaN in block 1
+  x[300] = 0xFF80;  // -inf in block 2
+  x[390] = 0xFFC0;  // negative NaN in the tail block
+  std::vector<uint16_t> got(x.size());
+  fm::ds_act_roundtrip(x.data(), int64_t(x.size()), got.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const bool poisoned = i >= 128;
+    EXPECT_EQ(std::isnan(fm::bf16_to_f32(got[i])), poisoned) << i;
+  }
+  expect_roundtrip(x, "NaN and inf");
+}
+
+TEST(DsActRoundTrip, BlocksOf128WithShortTail) {
+  std::mt19937 rng(11);
+  for (int n : {1, 31, 127, 128, 129, 200, 256, 2880, 7168 + 64}) {
+    std::vector<uint16_t> x(static_cast<size_t>(n));
+    for (size_t i = 0; i < x.size(); ++i) {
+      // A different magnitude per block (2^-20 .. 2^20) and wide spread inside it.
+      const int blk = int(i / 128);
+      const int e = 127 + ((blk * 7) % 41) - 20 - int(rng() % 12);
+      x[i] = uint16_t((rng() & 0x8000) | (e << 7) | (rng() & 0x7F));
+      if (rng() % 50 == 0) x[i] = 0;
+    }
+    expect_roundtrip(x, ("n = " + std::to_string(n)).c_str());
+    // The tail block uses its own amax: scaling the tail alone changes nothing before it.
+    if (n > 128 && n % 128) {
+      std::vector<uint16_t> a(x.size()), y = x;
+      const size_t tail = size_t(n) / 128 * 128;
+      for (size_t i = tail; i < y.size(); ++i) y[i] = bf(fm::bf16_to_f32(y[i]) * 1024.0);
+      std::vector<uint16_t> b(y.size());
+      fm::ds_act_roundtrip(x.data(), n, a.data());
+      fm::ds_act_roundtrip(y.data(), n, b.data());
+      EXPECT_TRUE(std::equal(a.begin(), a.begin() + long(tail), b.begin())) << n;
+    }
+  }
+}
+
+TEST(DsActRoundTrip, EveryBf16AgainstTheFormula) {
+  // Each bf16 value as an element of a block whose max is 448 (s = 1), 1.0 and 3e-3.
+  for (double top : {448.0, 1.0, 3e-3}) {
+    std::vector<uint16_t> x;
+    for (uint32_t v = 0; v < 65536; ++v) {
+      const float f = fm::bf16_to_f32(uint16_t(v));
+      if (!std::isfinite(f) || std::fabs(f) > top) continue;
+      if (x.size() % 128 == 0) x.push_back(bf(top));
+      x.push_back(uint16_t(v));
+    }
+    expect_roundtrip(x, "every bf16");
   }
 }
 

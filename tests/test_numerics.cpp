@@ -51,6 +51,7 @@ const auto MX5 = MOEJIT_FORMAT_MXFP8_E5M2;
 const auto Q40 = MOEJIT_FORMAT_Q4_0;
 const auto MF4 = MOEJIT_FORMAT_MXFP4;
 const auto NV4 = MOEJIT_FORMAT_NVFP4;
+const auto DS4 = MOEJIT_FORMAT_DS_FP4;
 const auto Q80 = MOEJIT_FORMAT_Q8_0;
 const auto SB = MOEJIT_DTYPE_BF16;
 const auto SF = MOEJIT_DTYPE_F32;
@@ -143,6 +144,23 @@ std::vector<MoeProblem> moe_problems() {
   p = moe("quant_nvfp4_silu_H256_I96_E4_k2", NV4, SB, 256, 96, 4, 2, MOEJIT_ACT_SILU, Fill::quantized, 89);
   p.max_tokens = 4;
   v.push_back(p);
+  // ds_fp4: mxfp4 bytes with DeepSeek activation numerics (x and g round-tripped
+  // through e4m3 per 128, gate/up and route outputs rounded to bf16). Shapes give
+  // short tail blocks (H 2880 = 22 * 128 + 64, I 160 = 128 + 32, I 224 = 128 + 96).
+  p = moe("ds_fp4_silu_H256_I256_E6_k4_bias", DS4, SB, 256, 256, 6, 4, MOEJIT_ACT_SILU, Fill::exact, 40);
+  p.bias = true;
+  v.push_back(p);
+  p = moe("ds_fp4_swigluoai_H2880_I256_E4_k2_il_bias_L7_f32out", DS4, SB, 2880, 256, 4, 2,
+          MOEJIT_ACT_SWIGLU_OAI, Fill::exact, 41);
+  p.interleaved = 1, p.bias = true, p.limit = 7.0f, p.out = MOEJIT_DTYPE_F32, p.max_tokens = 3;
+  v.push_back(p);
+  p = moe("ds_fp4_silu_H96_I160_E5_k3_T20_pad1", DS4, SB, 96, 160, 5, 3, MOEJIT_ACT_SILU, Fill::exact, 42);
+  p.max_tokens = 20, p.pad = 1;
+  v.push_back(p);
+  p = moe("ds_fp4_swigluoai_H160_I128_E9_k8_rwoi_pad2_f32out", DS4, SB, 160, 128, 9, 8, MOEJIT_ACT_SWIGLU_OAI,
+          Fill::exact, 43);
+  p.rwoi = 1, p.pad = 2, p.out = MOEJIT_DTYPE_F32;
+  v.push_back(p);
   // GGUF q4_0 / q8_0 (fp16 d inline, unaligned blocks).
   p = moe("q4_0_silu_H256_I96_E8_k3_bias", Q40, SB, 256, 96, 8, 3, MOEJIT_ACT_SILU, Fill::exact, 18);
   p.bias = true;
@@ -212,6 +230,25 @@ std::vector<MoeProblem> moe_problems() {
           88);
   p.out = MOEJIT_DTYPE_F32, p.max_tokens = 4;
   v.push_back(p);
+  // ds_fp4 with full-range activations: the x round trip rounds nearly every element.
+  // (Random data with large K or clamped swiglu is left out: the worst-case fp32
+  // bounds of pass 1 then make almost every bf16/e4m3 rounding ambiguous and the
+  // bound says little; the exact cases above cover those shapes tightly.)
+  p = moe("random_ds_fp4_silu_H384_I224_E8_k4_bias_pad2", DS4, SB, 384, 224, 8, 4, MOEJIT_ACT_SILU,
+          Fill::random, 44);
+  p.bias = true, p.pad = 2;
+  v.push_back(p);
+  p = moe("random_ds_fp4_silu_H320_I192_E4_k3_il_rwoi_f32out", DS4, SB, 320, 192, 4, 3, MOEJIT_ACT_SILU,
+          Fill::random, 45);
+  p.interleaved = 1, p.rwoi = 1, p.out = MOEJIT_DTYPE_F32, p.max_tokens = 4;
+  v.push_back(p);
+  p = moe("random_ds_fp4_gelu_H160_I96_E6_k6_il_bias", DS4, SB, 160, 96, 6, 6, MOEJIT_ACT_GELU, Fill::random,
+          46);
+  p.interleaved = 1, p.bias = true;
+  v.push_back(p);
+  p = moe("random_ds_fp4_silu_H128_I64_E4_k2_T33", DS4, SB, 128, 64, 4, 2, MOEJIT_ACT_SILU, Fill::random, 47);
+  p.max_tokens = 33;
+  v.push_back(p);
   return v;
 }
 
@@ -261,6 +298,11 @@ std::vector<LinearProblem> linear_problems() {
       quantized(lin("quant_nvfp4_r64_c272", NV4, SB, 64, 272, OF, false, 0, 99)),
       lin("nvfp4_r37_c2896_bias_pad1", NV4, SB, 37, 2896, OB, true, 1, 100),
       quantized(lin("quant_q8_0_r64_c2880_bias", Q80, SB, 64, 2880, OF, true, 0, 98)),
+      // ds_fp4: x round-tripped through e4m3 per 128 columns (short tails: 2880, 160, 32).
+      lin("ds_fp4_r64_c2880_bias_bf16out_pad1", DS4, SB, 64, 2880, OB, true, 1, 43),
+      lin("ds_fp4_r130_c160_f32out", DS4, SB, 130, 160, OF, false, 0, 44),
+      lin("ds_fp4_r3_c32_bias", DS4, SB, 3, 32, OF, true, 0, 45),
+      lin("ds_fp4_r300_c512_bf16out_pad3", DS4, SB, 300, 512, OB, false, 3, 46),
   };
 }
 
@@ -286,7 +328,7 @@ TEST_P(MoeNumerics, MatchesReference) {
   const Reference ref = moe_reference(d);
   // The exact cases must leave only rare rounding ambiguities on elements that
   // matter, or the tight test would be testing nothing.
-  if (p.fill == Fill::exact) {
+  if (p.fill == Fill::exact || p.fmt == DS4) {
     EXPECT_LE(ref.significant * 100, ref.g_elems) << "too many ambiguous g elements";
   }
   CtxPtr ctx = make_ctx(tier, 2);
@@ -450,7 +492,8 @@ TEST_P(TierTest, PaddedScaleStridesNeverReadPoison) {
 }
 
 // Bit-identical results for 1, 2 and 3 threads, with dedup off, and with
-// explicit cpu_ids.
+// explicit cpu_ids (ds_fp4 included: its round trips and roundings sit outside
+// the kernels and must not depend on the work split either).
 TEST_P(TierTest, DeterministicAcrossThreadCounts) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -472,7 +515,7 @@ TEST_P(TierTest, DeterministicAcrossThreadCounts) {
                               {"2 threads NO_DEDUP", 2, MOEJIT_CONTEXT_NO_DEDUP, nullptr},
                               {"3 threads pinned", 0, 0, &pinned}};
 
-  for (moejit_format fmt : {FP8, BF16}) {
+  for (moejit_format fmt : {FP8, BF16, DS4}) {
     MoeProblem p = moe("determinism", fmt, SB, 640, 384, 8, 4, MOEJIT_ACT_SILU, Fill::random, 61);
     p.max_tokens = 8;
     p.bias = true;
@@ -498,8 +541,10 @@ TEST_P(TierTest, DeterministicAcrossThreadCounts) {
       }
     }
   }
-  for (moejit_format fmt : {FP8, BF16}) {
-    LinearProblem p = lin("determinism_linear", fmt, SF, 1000, 900, MOEJIT_DTYPE_F32, true, 0, 62);
+  for (moejit_format fmt : {FP8, BF16, DS4}) {
+    // ds_fp4 needs cols % 32 == 0: 928 = 7 blocks of 128 for the x round trip + a 32 tail.
+    LinearProblem p =
+        lin("determinism_linear", fmt, SF, 1000, fmt == DS4 ? 928 : 900, MOEJIT_DTYPE_F32, true, 0, 62);
     p.max_tokens = 5;
     const LinearData d = make_linear(p);
     std::vector<uint8_t> first;

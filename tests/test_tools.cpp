@@ -456,8 +456,10 @@ TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
       SCOPED_TRACE(std::string(jit::isa_name(isa)) + (dedup ? " dedup" : " no dedup"));
       tools::LayerSpec l;
       l.format = c.format;
-      l.hidden = c.hidden + int32_t(isa) * 2 + dedup;  // unique per tier: nothing cached yet
-      l.intermediate = c.intermediate + int32_t(isa) * 2 + dedup;
+      // Unique per tier: nothing cached yet (steps of 32 keep ds_fp4's K % 32).
+      const int32_t step = c.format == Format::ds_fp4 ? 32 : 1;
+      l.hidden = c.hidden + step * (int32_t(isa) * 2 + dedup);
+      l.intermediate = c.intermediate + step * (int32_t(isa) * 2 + dedup);
       l.experts = 4;
       l.top_k = 2;
       l.max_tokens = 3;
@@ -522,7 +524,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, LayerPlan,
                          ::testing::Values(LayerCase{"fp8_concat", Format::fp8_block, 1056, 200, false},
                                            LayerCase{"fp8_interleaved", Format::fp8_block, 520, 136, true},
                                            LayerCase{"bf16_concat", Format::bf16, 264, 72, false},
-                                           LayerCase{"bf16_interleaved", Format::bf16, 136, 40, true}),
+                                           LayerCase{"bf16_interleaved", Format::bf16, 136, 40, true},
+                                           // ds_fp4: the mxfp4 kernels, pass-1 blocks of 128 rows of I
+                                           LayerCase{"ds_fp4_concat", Format::ds_fp4, 2880, 288, false},
+                                           LayerCase{"ds_fp4_interleaved", Format::ds_fp4, 320, 160, true}),
                          [](const ::testing::TestParamInfo<LayerCase>& i) {
                            return std::string(i.param.name);
                          });

@@ -291,6 +291,26 @@ TEST_F(Validation, MoeCreateUnimplementedFormatsAreUnsupported) {
       run_moe_cases(s, {field(
                            "valid request", [](moejit_moe_desc&) {}, MOEJIT_UNSUPPORTED, "format")});
     }
+    // mxfp4 and ds_fp4 (mxfp4 bytes, DeepSeek activation numerics): served on every
+    // tier, group_size ignored (always 32), one scale stride per projection.
+    for (moejit_format f : {MOEJIT_FORMAT_MXFP4, MOEJIT_FORMAT_DS_FP4}) {
+      SCOPED_TRACE(moejit_format_name(f));
+      MoeSetup s(f, 256, 128, 3);
+      run_moe_cases(s,
+                    {field(
+                         "valid request", [](moejit_moe_desc&) {}, MOEJIT_OK, ""),
+                     field(
+                         "group_size ignored", [](moejit_moe_desc& d) { d.group_size = 64; }, MOEJIT_OK, ""),
+                     {"every expert with the same explicit strides",
+                      [](auto&, auto& gu, auto& dn) {
+                        for (auto& m : gu) m.scale_row_stride = kMaxStride;  // explicit, = the 8 columns
+                        for (auto& m : dn) m.scale_row_stride = 6;
+                      },
+                      MOEJIT_OK, ""},
+                     {"down[2] stride differs from expert 0's",
+                      [](auto&, auto&, auto& dn) { dn[2].scale_row_stride = 6; }, MOEJIT_UNSUPPORTED,
+                      "scale_row_stride"}});
+    }
     for (moejit_format f : {MOEJIT_FORMAT_MXFP8_E4M3, MOEJIT_FORMAT_MXFP8_E5M2}) {
       SCOPED_TRACE(moejit_format_name(f));
       for (int g : {32, 64, 128}) {

@@ -10,16 +10,16 @@ namespace moejit::tools {
 using formats::Format;
 
 uint32_t runtime_flags(const MatrixSpec& m) {
-  const uint32_t flags =
-      jit::runtime_flags(m.isa, int32_t(m.format), formats::default_group(m.format, m.group_size));
-  const bool has_vbmi_decode = jit::x_layout_needs_vbmi(jit::x_layout(m.isa, int32_t(m.format), 0));
+  const int32_t kf = int32_t(formats::kernel_format(m.format));
+  const uint32_t flags = jit::runtime_flags(m.isa, kf, formats::default_group(m.format, m.group_size));
+  const bool has_vbmi_decode = jit::x_layout_needs_vbmi(jit::x_layout(m.isa, kf, 0));
   return m.no_vbmi && has_vbmi_decode ? flags | jit::kFlagNoVbmi : flags;
 }
 
 jit::KernelKey runtime_key(const MatrixSpec& m, int rows, int tokens) {
   const int32_t group = formats::default_group(m.format, m.group_size);
   jit::KernelKey key;
-  key.format = int32_t(m.format);
+  key.format = int32_t(formats::kernel_format(m.format));  // ds_fp4 runs the mxfp4 kernels
   key.k = int32_t(m.k);
   key.rows = rows;
   key.tokens = tokens;
@@ -88,7 +88,8 @@ struct MatrixPlan {
   }
 
   void keys(int max_tokens, std::vector<jit::KernelKey>* out) const {
-    const int max_m = std::min(max_tokens, jit::max_tokens_per_call(spec.isa, int32_t(spec.format)));
+    const int max_m = std::min(
+        max_tokens, jit::max_tokens_per_call(spec.isa, int32_t(formats::kernel_format(spec.format))));
     for (size_t seg = 1; seg < seg_needed.size(); ++seg) {
       if (!seg_needed[seg]) continue;
       for (int m = 1; m <= max_m; ++m) {
@@ -102,9 +103,9 @@ struct MatrixPlan {
 }  // namespace
 
 RowBlocks layer_row_blocks(const LayerSpec& l) {
-  // MoeLayer: rb1_ = 32; rb2_ = 64, halved down to 16 while pass 2 has fewer
-  // than 4 items per worker.
-  RowBlocks rb{32, 64};
+  // MoeLayer: rb1_ = 32 (ds_fp4: one 128-block of g); rb2_ = 64, halved down to
+  // 16 while pass 2 has fewer than 4 items per worker.
+  RowBlocks rb{l.format == formats::Format::ds_fp4 ? formats::kDsActBlock : 32, 64};
   const int64_t min_items = 4 * int64_t(std::max(1, l.threads));
   while (rb.down > 16 && (l.hidden + rb.down - 1) / rb.down < min_items) rb.down /= 2;
   return rb;
