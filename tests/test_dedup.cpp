@@ -11,74 +11,74 @@
 #include <string>
 #include <vector>
 
+#include "formats/quantize.h"
 #include "moejit.h"
 
 namespace {
 
-constexpr int H = 200, I = 72, E = 9, K = 4, TM = 64;
+// H and I are multiples of 32 (every format's K rule) with short 128-blocks at
+// the end (320 = 2 * 128 + 64, 160 = 128 + 32): fp8_block scale blocks, the
+// 128-element 4-bit decode chunks and ds_fp4's round trips all get tails.
+constexpr int H = 320, I = 160, E = 9, K = 4, TM = 64;
+
+namespace fm = moejit::formats;
+
+struct Proj {  // one projection of one expert, in the engine's layout
+  std::vector<uint8_t> data, scales;
+  std::vector<float> row_scales;
+};
 
 struct Bank {
   int format;
-  int h = H, i = I;  // hidden and intermediate of this bank
-  std::vector<uint8_t> gu, dn;
-  std::vector<uint16_t> scales;
-  std::vector<uint8_t> gu_scales, dn_scales;  // ds_fp4: e8m0 per 32, dense
+  std::vector<Proj> gu, dn;
   std::vector<moejit_matrix> gum, dnm;
   size_t expert_bytes = 0;
 };
 
-// ds_fp4 (mxfp4 bytes, e8m0 scales per 32): H and I multiples of 32 with short
-// 128-blocks at the end (320 = 2 * 128 + 64, 160 = 128 + 32), so the x and g
-// round trips have tail blocks.
-constexpr int kDsH = 320, kDsI = 160;
-
-Bank make_ds_bank(std::mt19937& rng) {
-  Bank b;
-  b.format = MOEJIT_FORMAT_DS_FP4;
-  b.h = kDsH;
-  b.i = kDsI;
-  const size_t gu_bytes = size_t(2 * kDsI) * kDsH / 2, dn_bytes = size_t(kDsH) * kDsI / 2;
-  const size_t gu_sc = size_t(2 * kDsI) * (kDsH / 32), dn_sc = size_t(kDsH) * (kDsI / 32);
-  b.gu.resize(E * gu_bytes);
-  b.dn.resize(E * dn_bytes);
-  b.gu_scales.resize(E * gu_sc);
-  b.dn_scales.resize(E * dn_sc);
-  for (auto& x : b.gu) x = uint8_t(rng());
-  for (auto& x : b.dn) x = uint8_t(rng());
-  for (auto* v : {&b.gu_scales, &b.dn_scales})
-    for (auto& x : *v) x = uint8_t(121 + rng() % 8);  // 2^-6 .. 2^1
-  b.gum.resize(E);
-  b.dnm.resize(E);
-  for (int e = 0; e < E; ++e) {
-    b.gum[size_t(e)] = {b.gu.data() + e * gu_bytes, b.gu_scales.data() + e * gu_sc, 0, nullptr, nullptr};
-    b.dnm[size_t(e)] = {b.dn.data() + e * dn_bytes, b.dn_scales.data() + e * dn_sc, 0, nullptr, nullptr};
-  }
-  b.expert_bytes = gu_bytes + dn_bytes + gu_sc + dn_sc;
-  return b;
+// Random fp32 weights through formats/quantize (dense scale rows, bf16 scales
+// for fp8_block); counts the bytes the stats report per expert.
+Proj quantized(fm::Format f, int64_t rows, int64_t k, std::mt19937& rng, size_t* bytes) {
+  fm::Layout l;
+  l.format = f;
+  l.group = fm::default_group(f, 0);
+  l.rows = rows;
+  l.k = k;
+  l.scale_stride = fm::scale_cols(f, l.group, k);
+  std::vector<float> w(size_t(rows * k));
+  std::normal_distribution<float> nd(0.0f, 0.05f);
+  for (auto& v : w) v = nd(rng);
+  Proj p;
+  p.data.resize(size_t(rows * fm::row_bytes(f, k)));
+  const int64_t sbytes = fm::has_block_scales(f) ? fm::scale_rows(f, rows) * l.scale_stride *
+                                                       fm::scale_elem_bytes(f, fm::ScaleDtype::bf16)
+                                                 : 0;
+  p.scales.resize(size_t(sbytes));
+  if (fm::has_row_scales(f)) p.row_scales.resize(size_t(rows));
+  const fm::QuantResult r = fm::quantize(l, w.data(),
+                                         {p.data.data(), p.scales.empty() ? nullptr : p.scales.data(),
+                                          p.row_scales.empty() ? nullptr : p.row_scales.data()});
+  EXPECT_TRUE(r.ok) << r.error;
+  *bytes += p.data.size() + p.scales.size() + p.row_scales.size() * 4;
+  return p;
 }
 
 Bank make_bank(int format, std::mt19937& rng) {
   Bank b;
   b.format = format;
-  const size_t eb = format == MOEJIT_FORMAT_BF16 ? 2 : 1;
-  b.gu.resize(size_t(E) * 2 * I * H * eb);
-  b.dn.resize(size_t(E) * H * I * eb);
-  for (auto* v : {&b.gu, &b.dn}) {
-    for (auto& x : *v) x = uint8_t(rng());
-    if (eb == 2)
-      for (size_t i = 1; i < v->size(); i += 2) (*v)[i] = uint8_t((rng() & 0x80) | (0x3A + rng() % 4));
-  }
-  b.scales.assign(64, 0x3C00);  // enough scale rows/columns for both projections
-  b.gum.resize(E);
-  b.dnm.resize(E);
   for (int e = 0; e < E; ++e) {
-    b.gum[size_t(e)] = {b.gu.data() + size_t(e) * 2 * I * H * eb, b.scales.data(), 0, nullptr, nullptr};
-    b.dnm[size_t(e)] = {b.dn.data() + size_t(e) * H * I * eb, b.scales.data(), 0, nullptr, nullptr};
+    size_t bytes = 0;
+    b.gu.push_back(quantized(fm::Format(format), 2 * I, H, rng, &bytes));
+    b.dn.push_back(quantized(fm::Format(format), H, I, rng, &bytes));
+    b.expert_bytes = bytes;
   }
-  b.expert_bytes = 3 * size_t(I) * H * eb;
-  if (format ==
-      MOEJIT_FORMAT_FP8_BLOCK)  // bf16 scales: gate_up [ceil(144/128) x ceil(200/128)] + down [2 x 1]
-    b.expert_bytes += (2 * 2 + 2 * 1) * 2;
+  auto mat = [](const Proj& p) {
+    return moejit_matrix{p.data.data(), p.scales.empty() ? nullptr : p.scales.data(), 0,
+                         p.row_scales.empty() ? nullptr : p.row_scales.data(), nullptr};
+  };
+  for (int e = 0; e < E; ++e) {
+    b.gum.push_back(mat(b.gu[size_t(e)]));
+    b.dnm.push_back(mat(b.dn[size_t(e)]));
+  }
   return b;
 }
 
@@ -115,8 +115,8 @@ Result run(const Bank& b, moejit_isa isa, int threads, uint32_t flags, int T, co
   moejit_moe_desc d{};
   d.struct_size = sizeof d;
   d.format = moejit_format(b.format);
-  d.hidden = b.h;
-  d.intermediate = b.i;
+  d.hidden = H;
+  d.intermediate = I;
   d.num_experts = E;
   d.top_k = K;
   d.max_tokens = TM;
@@ -126,7 +126,7 @@ Result run(const Bank& b, moejit_isa isa, int threads, uint32_t flags, int T, co
   d.down = b.dnm.data();
   moejit_moe* moe = nullptr;
   EXPECT_EQ(moejit_moe_create(ctx, &d, &moe), MOEJIT_OK) << moejit_last_error();
-  out.y.assign(size_t(T) * b.h, -1.0f);
+  out.y.assign(size_t(T) * H, -1.0f);
   EXPECT_EQ(moejit_moe_forward(moe, T, x.data(), ids.data(), w.data(), out.y.data()), MOEJIT_OK)
       << moejit_last_error();
   out.stats.struct_size = sizeof out.stats;
@@ -138,12 +138,12 @@ Result run(const Bank& b, moejit_isa isa, int threads, uint32_t flags, int T, co
 
 TEST(Dedup, SameBitsOnAndOffEveryTierAndRouting) {
   std::mt19937 rng(7);
-  std::vector<uint16_t> x(size_t(TM) * kDsH);
+  std::vector<uint16_t> x(size_t(TM) * H);
   for (auto& v : x) v = uint16_t(0x3C00 + rng() % 0x400 + (rng() & 0x8000));
   std::vector<float> w(size_t(TM) * K);
   for (auto& v : w) v = float(rng() % 1000) / 1000.0f;
-  for (int format : {MOEJIT_FORMAT_BF16, MOEJIT_FORMAT_FP8_BLOCK, MOEJIT_FORMAT_DS_FP4}) {
-    const Bank b = format == MOEJIT_FORMAT_DS_FP4 ? make_ds_bank(rng) : make_bank(format, rng);
+  for (int format = 0; format <= moejit_max_format_id(); ++format) {
+    const Bank b = make_bank(format, rng);
     for (int isa = MOEJIT_ISA_SCALAR; isa <= moejit_host_isa(); ++isa) {
       for (Routing r : {Routing::random, Routing::skewed, Routing::same}) {
         const std::vector<int32_t> ids = make_ids(r, rng);
