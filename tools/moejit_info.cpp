@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "formats/formats.h"
+#include "jit/gemv.h"
 #include "moejit.h"
 
 namespace {
@@ -158,6 +159,22 @@ struct FormatTier {
   std::string detail;  // decode path, or why not
 };
 
+// How the kernels of a format decode on a tier (docs/ARCHITECTURE.md).
+std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) {
+  if (isa == MOEJIT_ISA_SCALAR) return "";
+  const auto tier = moejit::jit::Isa(int(isa));
+  const uint32_t flags = isa == MOEJIT_ISA_AVX512_BF16 && !vbmi ? moejit::jit::kFlagNoVbmi : 0;
+  namespace F = moejit::formats;
+  switch (moejit::jit::x_layout(tier, int32_t(F::kernel_format(f)), flags)) {
+    case moejit::jit::XLayout::bf16_perm64: return "byte tables -> bf16 (vpermi2b), vdpbf16ps";
+    case moejit::jit::XLayout::bf16_nib128: return "e2m1 -> bf16 (vpsrlw + vpermw), vdpbf16ps";
+    case moejit::jit::XLayout::bf16_q4: return "q4_0 -> bf16 (vpmultishiftqb + vpermw), vdpbf16ps";
+    case moejit::jit::XLayout::bf16:
+      return f == F::Format::bf16 ? "vdpbf16ps" : "arithmetic + vpermw blend -> bf16, vdpbf16ps";
+    default: return "widened to fp32, vfmadd231ps";
+  }
+}
+
 // Asks the library: a 16 x 256 dense layer of each format on a default context.
 std::vector<FormatTier> format_tiers(std::string* context_error, std::string* context_tier) {
   std::vector<FormatTier> r;
@@ -199,8 +216,7 @@ std::vector<FormatTier> format_tiers(std::string* context_error, std::string* co
     if (st == MOEJIT_OK) {
       t.supported = true;
       t.tier = moejit_isa_name(isa);
-      if (f == F::Format::fp8_block && isa == MOEJIT_ISA_AVX512_BF16)
-        t.detail = vbmi ? "e4m3 -> bf16 byte tables (vpermi2b)" : "e4m3 -> bf16 arithmetic blend (no VBMI)";
+      t.detail = decode_detail(f, isa, vbmi);
       moejit_linear_destroy(lin);
     } else {
       t.tier = "unsupported in this build";
