@@ -31,8 +31,8 @@ static_assert(offsetof(GemvArgs, w) == 0 && offsetof(GemvArgs, scales) == 8 &&
 using GemvFn = void (*)(const GemvArgs*);
 
 // KernelKey::flags bits.
-// avx512_bf16: decode without AVX512_VBMI (CPUs without it): 8-bit floats
-// through arithmetic and a blend, 4-bit formats widened to fp32.
+// avx512_bf16: decode 8-bit floats without AVX512_VBMI (CPUs without it):
+// arithmetic and a blend instead of byte tables. Other formats ignore it.
 constexpr uint32_t kFlagNoVbmi = 1;
 
 // Prepared activations are padded with zeros to a multiple of 128 elements so
@@ -49,19 +49,18 @@ enum class XLayout {
                    // come first, then the odd ones: the order of the low and high e2m1 nibbles
   bf16_nib128,     // bf16; inside each 128-element chunk (64 bytes of e2m1 pairs), element e sits at
                    // 32 (e % 4) + e / 4: vector j of the decode holds nibble j of every 16-bit word
-  bf16_q4,         // bf16; inside each q4_0 block of 32, element e is nibble n = 2(e % 16) + e / 16 of the
-                   // 16 bytes, n = 16s + 4L + i (s < 2, L < 4, i < 4) sitting at 8L + 4s + i (one
-                   // vbroadcasti32x4 + vpmultishiftqb + vpermw per block)
+  bf16_q4,         // bf16; inside each 128-element chunk (4 q4_0 blocks), element e of block b (byte
+                   // e % 16, high nibble when e >= 16) sits at 32 j + 8 b + (e % 16) / 2 with
+                   // j = 2 (e % 2) + e / 16: the 16 quant bytes of block b on 128-bit lane b, decoded as e2m1
 };
-// 4-bit formats on avx512_bf16 decode to bf16 pairs with AVX512_VBMI; without
-// it (kFlagNoVbmi) they widen to fp32.
+// 4-bit formats on avx512_bf16 decode to bf16 pairs (shifts and vpermw, AVX512BW).
 inline bool is_e2m1_format(int32_t format) {
   return format == 1 /* nvfp4 */ || format == 2 /* mxfp4 */ || format == 3 /* ds_fp4 */;
 }
 inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
   const bool bf16_tables = isa == Isa::avx512_bf16 && !(flags & kFlagNoVbmi);
-  if (is_e2m1_format(format)) return bf16_tables ? XLayout::bf16_nib128 : XLayout::f32_evens_odds;
-  if (format == 4 /* q4_0 */) return bf16_tables ? XLayout::bf16_q4 : XLayout::f32;
+  if (is_e2m1_format(format)) return isa == Isa::avx512_bf16 ? XLayout::bf16_nib128 : XLayout::f32_evens_odds;
+  if (format == 4 /* q4_0 */) return isa == Isa::avx512_bf16 ? XLayout::bf16_q4 : XLayout::f32;
   if (isa != Isa::avx512_bf16) return XLayout::f32;
   const bool eight_bit =
       format == 5 /* fp8_block */ || format == 7 /* mxfp8_e4m3 */ || format == 8 /* e5m2 */;
@@ -71,14 +70,11 @@ inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
   return XLayout::bf16;
 }
 // Layouts whose decode needs AVX512_VBMI (vpermi2b, vpmultishiftqb).
-inline bool x_layout_needs_vbmi(XLayout l) {
-  return l == XLayout::bf16_perm64 || l == XLayout::bf16_nib128 || l == XLayout::bf16_q4;
-}
+inline bool x_layout_needs_vbmi(XLayout l) { return l == XLayout::bf16_perm64; }
 inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 || l == XLayout::f32_evens_odds ? 4 : 2; }
 // Vector lanes of fp32 activations on a tier (the evens/odds group is twice this).
 inline int64_t f32_lanes(Isa isa) { return isa == Isa::avx2 ? 8 : 16; }
 inline int64_t nib128_position(int64_t n) { return (n % 4) * 32 + n / 4; }
-inline int64_t nib32_position(int64_t n) { return (n % 16 / 4) * 8 + (n / 16) * 4 + n % 4; }
 inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
   switch (l) {
     case XLayout::f32_evens_odds: {
@@ -91,8 +87,8 @@ inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
     }
     case XLayout::bf16_nib128: return (k & ~int64_t(127)) + nib128_position(k & 127);
     case XLayout::bf16_q4: {
-      const int64_t e = k & 31;
-      return (k - e) + nib32_position(2 * (e % 16) + e / 16);
+      const int64_t r = k & 127, b = r / 32, e = r % 32;
+      return (k - r) + 32 * (2 * (e % 2) + e / 16) + 8 * b + (e % 16) / 2;
     }
     default: return k;
   }

@@ -86,11 +86,11 @@ class GemvGenerator : public Generator {
         row_bytes_(formats::row_bytes(fmt_, key.k)),
         xstride_bytes_(x_stride(key.k) * int64_t(x_elem_bytes(layout_))),
         vbmi_lut_(layout_ == XLayout::bf16_perm64),
-        nib32_(layout_ == XLayout::bf16_q4),
+        q4x4_(layout_ == XLayout::bf16_q4),
         nib128_(layout_ == XLayout::bf16_nib128),
         fma_f32_(x_elem_bytes(layout_) == 4),
         vec_elems_(fma_f32_ ? tt_.vec_bytes / 4 : 32),
-        step_(nib128_                                    ? 4 * vec_elems_
+        step_(nib128_ || q4x4_                           ? 4 * vec_elems_
               : vbmi_lut_ || (is_e2m1(fmt_) && fma_f32_) ? 2 * vec_elems_
                                                          : vec_elems_),
         // sw prefetch: bf16 multi-token calls compute long enough per line that
@@ -223,9 +223,12 @@ class GemvGenerator : public Generator {
       mov(reg_tmp.cvt32(), grp2_mask_);
       kmovw(k_grp2, reg_tmp.cvt32());
     }
-    if (nib32_) {  // vpmultishiftqb control, then the 4-bit code -> bf16 word table (twice)
-      vmovdqu8(v_c(0), ptr[rip + l_nib_ctrl_]);
-      vmovdqu16(v_c(1), ptr[rip + l_nib_tbl_]);
+    if (q4x4_) {  // the q - 8 -> bf16 word table (twice); lanes of blocks 0..3 of a 4-block chunk
+      vmovdqu16(v_c(0), ptr[rip + l_nib_tbl_]);
+      for (int b = 0; b < 4; ++b) {
+        mov(reg_tmp.cvt32(), 0xF << (4 * b));
+        kmovw(Opmask(b == 0 ? 6 : 2 + b), reg_tmp.cvt32());
+      }
       return;
     }
     if (fmt_ == Format::q4_0 || is_e2m1(fmt_)) {
@@ -273,19 +276,9 @@ class GemvGenerator : public Generator {
         L(l_e4m3_fp16_mask_);
         dd(0xBF80BF80u);
       }
-    } else if (nib32_) {
-      // Control of qword q = 2L + s (L = its 128-bit lane): word i takes the 8
-      // bits at nibble 4L + i of the qword (s selects the low or high 8 source
-      // bytes, which vbroadcasti32x4 puts in even and odd qwords).
-      L(l_nib_ctrl_);
-      for (int q = 0; q < 8; ++q)
-        for (int i = 0; i < 4; ++i) db(16 * (q / 2) + 4 * i), db(16 * (q / 2) + 4 * i);
-      // vpermw reads 5 index bits; bit 4 is the next nibble's low bit, so the 16
-      // entries appear twice.
+    } else if (q4x4_) {
       L(l_nib_tbl_);
-      for (int i = 0; i < 32; ++i)
-        dw(formats::f32_to_bf16(fmt_ == Format::q4_0 ? float((i & 15) - 8)
-                                                     : formats::e2m1_to_f32(uint8_t(i & 15))));
+      for (int i = 0; i < 32; ++i) dw(formats::f32_to_bf16(float((i & 15) - 8)));
     } else if (fmt_ == Format::q4_0) {
       L(l_q4_zero_);  // 16 dwords of 8
       for (int i = 0; i < 16; ++i) dd(8);
@@ -416,13 +409,13 @@ class GemvGenerator : public Generator {
   int block_bytes() const {
     if (is_e2m1(fmt_)) return block_ / 2;
     if (fmt_ == Format::q8_0) return 34;
-    if (fmt_ == Format::q4_0) return 18;
+    if (fmt_ == Format::q4_0) return 18 * block_ / 32;
     return block_ * wbytes_;
   }
   // Byte offset of element `off` of the current block from the cursor.
   int w_byte(int off) const {
     if (fmt_ == Format::q8_0) return dw_ + 2 + off;
-    if (fmt_ == Format::q4_0) return dw_ + 2 + (nib32_ ? 0 : off % 16);
+    if (fmt_ == Format::q4_0) return q4x4_ ? dw_ + 18 * (off / 32) + 2 : dw_ + 2 + off % 16;
     if (is_e2m1(fmt_)) return dw_ + off / 2;
     return dw_ + off * wbytes_;
   }
@@ -573,12 +566,16 @@ class GemvGenerator : public Generator {
       for (int j = 0; j < 4; ++j) vpermw(Zmm(j), Zmm(j), Zmm(v_c(0).getIdx()));
       return 4;
     }
-    if (nib32_) {  // q4_0: 16 bytes -> 32 bf16: bytes 0-7 to even qwords, 8-15 to odd, 4 nibbles per qword
-      const Zmm t = Zmm(v_t(0).getIdx());
-      vbroadcasti32x4(t, w_addr(off));
-      vpmultishiftqb(t, Zmm(v_c(0).getIdx()), t);
-      vpermw(Zmm(v_w(0).getIdx()), t, Zmm(v_c(1).getIdx()));
-      return 1;
+    if (q4x4_) {
+      // q4_0, 4 blocks of 18 bytes -> 4 x 32 bf16: the 16 quant bytes of block b
+      // go to 128-bit lane b, then as e2m1: vector j = table[word >> 4j]. A tail
+      // of 1-3 blocks leaves the other lanes zero (the VEX load clears them).
+      vmovdqu(Xmm(0), ptr[reg_wk + w_byte(off)]);
+      for (int b = 1; b < (cnt + 31) / 32; ++b)
+        vinserti32x4(Zmm(0), Zmm(0), ptr[reg_wk + w_byte(off + 32 * b)], b);
+      for (int j = 1; j < 4; ++j) vpsrlw(Zmm(j), Zmm(0), 4 * j);
+      for (int j = 0; j < 4; ++j) vpermw(Zmm(j), Zmm(j), Zmm(v_c(0).getIdx()));
+      return 4;
     }
     if (is_e2m1(fmt_)) {  // e2m1 pairs, low nibble = even k; activations: evens then odds
       const Xmm lo = v_w(0), hi = v_w(1), t = v_t(0);
@@ -731,7 +728,13 @@ class GemvGenerator : public Generator {
   // tot(m, ti) += acc(m, 0) * the block's scale (two scales on the lanes of a
   // two-group block; a tail block holding only the first group reads one).
   void apply_block_scale(int n, int ti) {
-    if (is_gguf(fmt_)) {  // fp16 d at the start of the block
+    if (q4x4_) {  // the fp16 d of blocks 0..3 on their 128-bit lanes (missing blocks: 0)
+      const Ymm ys = Ymm(v_scale().getIdx());
+      const int nb = (n + 31) / 32;
+      if (nb < 4) vpxor(ys, ys, ys);
+      for (int b = 0; b < nb; ++b) vpbroadcastw(ys | Opmask(b == 0 ? 6 : 2 + b), ptr[reg_wk + dw_ + 18 * b]);
+      vcvtph2ps(Zmm(v_scale().getIdx()), ys);
+    } else if (is_gguf(fmt_)) {  // fp16 d at the start of the block
       const Xmm xs = Xmm(v_scale().getIdx());
       movzx(reg_tmp.cvt32(), word[reg_wk + dw_]);
       vmovd(xs, reg_tmp.cvt32());
@@ -817,7 +820,7 @@ class GemvGenerator : public Generator {
   int64_t row_bytes_;
   int64_t xstride_bytes_;
   bool vbmi_lut_;     // 8-bit floats -> bf16 through two 128-entry byte tables (vpermi2b)
-  bool nib32_;        // q4_0 blocks -> bf16 through vbroadcasti32x4 + vpmultishiftqb + vpermw
+  bool q4x4_;         // q4_0, 4 blocks at a time -> bf16 through shifts + vpermw
   bool nib128_;       // e2m1: 64 bytes -> 4 vectors of bf16 through shifts + vpermw
   bool fma_f32_;      // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
   int vec_elems_;     // weights per multiply instruction
@@ -840,7 +843,6 @@ class GemvGenerator : public Generator {
   Label l_q4_zero_;
   Label l_e2m1_;
   Label l_e2m1_sign_;
-  Label l_nib_ctrl_;
   Label l_nib_tbl_;
   Label l_pair_idx_;
   Label l_e4m3_fp16_mask_;

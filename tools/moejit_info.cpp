@@ -168,7 +168,7 @@ std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) 
   switch (moejit::jit::x_layout(tier, int32_t(F::kernel_format(f)), flags)) {
     case moejit::jit::XLayout::bf16_perm64: return "byte tables -> bf16 (vpermi2b), vdpbf16ps";
     case moejit::jit::XLayout::bf16_nib128: return "e2m1 -> bf16 (vpsrlw + vpermw), vdpbf16ps";
-    case moejit::jit::XLayout::bf16_q4: return "q4_0 -> bf16 (vpmultishiftqb + vpermw), vdpbf16ps";
+    case moejit::jit::XLayout::bf16_q4: return "q4_0 -> bf16 (vpsrlw + vpermw, 4 blocks), vdpbf16ps";
     case moejit::jit::XLayout::bf16:
       return f == F::Format::bf16 ? "vdpbf16ps" : "arithmetic + vpermw blend -> bf16, vdpbf16ps";
     default: return "widened to fp32, vfmadd231ps";
