@@ -170,11 +170,12 @@ class GemvGenerator : public Generator {
     sub(reg_pfd, reg_wt);
     mov(reg_s0, ptr[reg_args + offsetof(GemvArgs, scales)]);
     if (fmt_ == Format::nvfp4) mov(reg_g, ptr[reg_args + offsetof(GemvArgs, row_scales)]);
-    if (byte_scales(fmt_) && !(nib128_ && fmt_ == Format::nvfp4)) lea(reg_stab, ptr[rip + l_stab_]);
+    if (byte_scales(fmt_) && !nib128_) lea(reg_stab, ptr[rip + l_stab_]);
     mov(reg_x0, ptr[reg_args + offsetof(GemvArgs, x)]);
     mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
     emit_constants();
     if (fmt_ == Format::fp8_block) emit_scales_to_stack();
+    if (nib128_) reserve_row_scales();
 
     if (!sw_prefetch_) {
       // No stream prefetch: only start the next call's stream early, so the
@@ -195,6 +196,7 @@ class GemvGenerator : public Generator {
 
     phase("epilogue");
     if (fmt_ == Format::fp8_block) add(rsp, scale_stack_bytes());
+    if (nib128_) add(rsp, row_scale_stack_bytes());
     vzeroupper();
     pop(reg_g);
     pop(reg_stab);
@@ -206,17 +208,9 @@ class GemvGenerator : public Generator {
   }
 
   void emit_constants() {
-    if (nib128_) {  // the e2m1 -> bf16 word table (twice); nvfp4: the pair-replicating vpermps index of
-                    // its scale vector
+    if (nib128_) {  // the e2m1 -> bf16 word table (twice), the vpermps index of the chunk scale vector
       vmovdqu16(v_c(0), ptr[rip + l_nib_tbl_]);
-      if (fmt_ == Format::nvfp4) {
-        vmovdqu32(v_c(1), ptr[rip + l_pair_idx_]);
-      } else {  // mxfp4: lanes 4-7, 8-11, 12-15 take the scales of groups 1, 2, 3
-        for (int g = 1; g < 4; ++g) {
-          mov(reg_tmp.cvt32(), 0xF << (4 * g));
-          kmovw(Opmask(2 + g), reg_tmp.cvt32());
-        }
-      }
+      vmovdqu32(v_c(1), ptr[rip + l_pair_idx_]);
       return;
     }
     if (gpb_ == 2) {
@@ -270,12 +264,17 @@ class GemvGenerator : public Generator {
       // entries appear twice.
       L(l_nib_tbl_);
       for (int i = 0; i < 32; ++i) dw(formats::f32_to_bf16(formats::e2m1_to_f32(uint8_t(i & 15))));
-      if (fmt_ == Format::nvfp4) {  // dword 2q and 2q + 1 take the scale of group q
-        L(l_pair_idx_);
-        for (int i = 0; i < 16; ++i) dd(uint32_t(i / 2));
-        L(l_e4m3_fp16_mask_);
-        dd(0xBF80BF80u);
-      }
+      // vpermps index of a chunk's scale vector: dword pairs (nvfp4, group q on
+      // dwords 2q, 2q + 1) or quads (mxfp4, group g on dwords 4g..4g+3).
+      L(l_pair_idx_);
+      for (int i = 0; i < 16; ++i) dd(uint32_t(fmt_ == Format::nvfp4 ? i / 2 : i / 4));
+      L(l_e4m3_fp16_mask_);
+      dd(0xBF80BF80u);
+      L(l_e8m0_min_);
+      dd(0x00400000u);  // 2^-127
+      L(l_e8m0_nan_);
+      dd(0x7FC00000u);  // NaN, then the pattern (255 << 23) of code 255
+      dd(0x7F800000u);
     } else if (q4x4_) {
       L(l_nib_tbl_);
       for (int i = 0; i < 32; ++i) dw(formats::f32_to_bf16(float((i & 15) - 8)));
@@ -289,7 +288,7 @@ class GemvGenerator : public Generator {
       L(l_e2m1_sign_);
       for (int i = 0; i < 8; ++i) dd(8);
     }
-    if (byte_scales(fmt_) && !(nib128_ && fmt_ == Format::nvfp4)) {
+    if (byte_scales(fmt_) && !nib128_) {
       // fp32 of every scale code: e8m0 2^(s-127) (0 subnormal, 255 NaN) or e4m3
       L(l_stab_);
       for (int i = 0; i < 256; ++i)
@@ -343,6 +342,8 @@ class GemvGenerator : public Generator {
     mov(reg_xk, reg_x0);
     if (fmt_ == Format::fp8_block)
       mov(reg_sk, rsp);  // the call's fp32 block scales
+    else if (nib128_)
+      widen_row_scales();  // this row's group scales, fp32 on the stack; reg_sk points at them
     else
       mov(reg_sk, reg_s0);
     const int64_t iters = nfull / unroll_;
@@ -405,6 +406,48 @@ class GemvGenerator : public Generator {
     jb(l_scale);
   }
 
+  // e2m1 chunk decode: each row's group scales are widened to fp32 once, on
+  // the stack (e8m0: (s << 23) with 0 -> 2^-127 and 255 -> NaN; e4m3: fp16 bits
+  // of s * 2^-8 through vcvtph2ps, the 2^-8 undone at the store), so a chunk's
+  // scale vector is one vpermps. 64 zero bytes of slack follow the scales.
+  int64_t row_groups() const { return key_.k / key_.group; }
+  int row_scale_stack_bytes() const { return int((row_groups() + 15) / 16 * 64 + 64); }
+  void reserve_row_scales() {
+    sub(rsp, row_scale_stack_bytes());
+    vpxord(Zmm(0), Zmm(0), Zmm(0));
+    for (int off = 0; off < row_scale_stack_bytes(); off += 64) vmovups(ptr[rsp + off], Zmm(0));
+  }
+  void widen_row_scales() {
+    const Zmm t = Zmm(0);
+    for (int64_t g = 0; g < row_groups(); g += 16) {
+      const int64_t n = std::min<int64_t>(16, row_groups() - g);
+      const Xmm xt = Xmm(0);
+      if (n < 16) {  // only the row's scale bytes: the rest of the scale row may be padding
+        mov(reg_tmp, (uint64_t(1) << n) - 1);
+        kmovq(k_tail, reg_tmp);
+        vmovdqu8(xt | k_tail | T_z, ptr[reg_s0 + g]);
+      } else {
+        vmovdqu8(xt, ptr[reg_s0 + g]);
+      }
+      if (fmt_ == Format::nvfp4) {
+        vpmovsxbw(Ymm(0), xt);
+        vpsllw(Ymm(0), Ymm(0), 7);
+        vpandd(Ymm(0), Ymm(0), ptr_b[rip + l_e4m3_fp16_mask_]);
+        vcvtph2ps(t, Ymm(0));
+      } else {
+        vpmovzxbd(t, xt);
+        vpslld(t, t, 23);
+        vptestnmd(k_sub, t, t);
+        vpbroadcastd(t | k_sub, ptr[rip + l_e8m0_min_]);  // code 0: 2^-127
+        vpbroadcastd(Zmm(1), ptr[rip + l_e8m0_nan_ + 4]);
+        vpcmpeqd(k_sub, t, Zmm(1));  // code 255 gave the inf pattern
+        vpbroadcastd(t | k_sub, ptr[rip + l_e8m0_nan_]);
+      }
+      vmovups(ptr[rsp + g * 4], t);
+    }
+    mov(reg_sk, rsp);
+  }
+
   // Weight bytes of one scale block (GGUF blocks carry their d inline).
   int block_bytes() const {
     if (is_e2m1(fmt_)) return block_ / 2;
@@ -422,6 +465,7 @@ class GemvGenerator : public Generator {
 
   int scale_bytes() const {
     if (fmt_ == Format::fp8_block) return 4;  // widened to fp32 on the stack
+    if (nib128_) return 4 * gpb_;             // the row's group scales widened to fp32 on the stack
     if (is_gguf(fmt_)) return 0;
     if (byte_scales(fmt_)) return gpb_;
     return key_.scale_dtype == 1 ? 4 : 2;
@@ -740,30 +784,12 @@ class GemvGenerator : public Generator {
       vmovd(xs, reg_tmp.cvt32());
       vcvtph2ps(xs, xs);
       vbroadcastss(v_scale(), xs);
-    } else if (nib128_ && fmt_ == Format::nvfp4) {
-      // 8 e4m3 scales -> fp16 bits of scale * 2^-8 (undone at the store) -> fp32,
-      // each one on the two dwords of its group's qword
-      const int groups = (n + 15) / 16;
-      const Xmm xt = Xmm(0);
-      if (groups == 8) {
-        vpmovsxbw(xt, ptr[reg_sk + ds_]);
-      } else {  // only the groups the row has: the rest of the scale row may be padding
-        mov(reg_tmp, (uint64_t(1) << groups) - 1);
-        kmovq(k_tail, reg_tmp);
-        vmovdqu8(xt | k_tail | T_z, ptr[reg_sk + ds_]);
-        vpmovsxbw(xt, xt);
-      }
-      vpsllw(xt, xt, 7);
-      vpandd(xt, xt, ptr_b[rip + l_e4m3_fp16_mask_]);
-      vcvtph2ps(Ymm(0), xt);
-      vpermps(Zmm(v_scale().getIdx()), Zmm(v_c(1).getIdx()), Zmm(0));
-    } else if (nib128_) {  // mxfp4: group g's e8m0 scale on dwords 4g..4g+3 of each vector
-      movzx(reg_tmp.cvt32(), byte[reg_sk + ds_]);
-      vbroadcastss(v_scale(), ptr[reg_stab + reg_tmp * 4]);
-      for (int g = 1; g < (n + 31) / 32; ++g) {
-        movzx(reg_tmp.cvt32(), byte[reg_sk + ds_ + g]);
-        vbroadcastss(v_scale() | Opmask(2 + g), ptr[reg_stab + reg_tmp * 4]);
-      }
+    } else if (nib128_) {
+      // The chunk's 4 (mxfp4) or 8 (nvfp4) fp32 group scales from the row's
+      // widened scales, each on the lanes its group's elements were decoded into
+      // (4 dwords each, or dword pairs). The 64-byte read may run past the row's
+      // groups into the zeroed slack of the stack buffer.
+      vpermps(Zmm(v_scale().getIdx()), Zmm(v_c(1).getIdx()), ptr[reg_sk + ds_]);
     } else if (byte_scales(fmt_)) {
       movzx(reg_tmp.cvt32(), byte[reg_sk + ds_]);
       vbroadcastss(v_scale(), ptr[reg_stab + reg_tmp * 4]);
@@ -846,6 +872,8 @@ class GemvGenerator : public Generator {
   Label l_nib_tbl_;
   Label l_pair_idx_;
   Label l_e4m3_fp16_mask_;
+  Label l_e8m0_min_;
+  Label l_e8m0_nan_;
 };
 
 class GeneratedKernel : public Kernel {
