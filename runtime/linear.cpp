@@ -27,7 +27,7 @@ moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConf
   // Enough row blocks to keep every worker busy on small matrices.
   const int64_t min_items = 4 * int64_t(l->ctx_->num_threads());
   l->rb_ = cfg.rows >= 32 * min_items ? 32 : 16;
-  l->nblk_ = (cfg.rows + l->rb_ - 1) / l->rb_;
+  l->nblk_ = (int64_t(cfg.rows) + l->rb_ - 1) / l->rb_;  // rows may be INT32_MAX
   for (int64_t b = 0; b < l->nblk_; ++b) {
     const int64_t r0 = b * l->rb_;
     l->mm_.plan_rows(r0, std::min<int64_t>(l->rb_, cfg.rows - r0));

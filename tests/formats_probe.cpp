@@ -52,7 +52,7 @@ uint32_t bits(float f) {
 
 std::vector<float> floats(const std::vector<uint8_t>& b) {
   std::vector<float> v(b.size() / 4);
-  std::memcpy(v.data(), b.data(), v.size() * 4);
+  if (!v.empty()) std::memcpy(v.data(), b.data(), v.size() * 4);  // never memcpy from/to null
   return v;
 }
 
