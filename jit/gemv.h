@@ -104,7 +104,10 @@ inline bool streams_with_prefetch(int32_t format) { return format != 0 /* bf16 *
 // (kFlagNoVbmi where the byte tables cannot be used).
 uint32_t runtime_flags(Isa isa, int32_t format, int32_t group);
 
-// Largest tokens-per-call a generated kernel holds in registers for this tier.
+// Largest tokens-per-call a generated kernel holds in registers: for the
+// kernel `key` describes (its tokens ignored), and the smallest over the groups
+// and flags a format may use on a tier.
+int max_tokens_per_call(const KernelKey& key);
 int max_tokens_per_call(Isa isa, int32_t format);
 
 // Generated code. Owns its executable memory (read+exec, never writable).

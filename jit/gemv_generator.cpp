@@ -72,6 +72,40 @@ constexpr int kBlockSplit = 2;
 // streams without software prefetch.
 constexpr int64_t kBridgeBytes = 16384;
 
+// The shape of a kernel's inner loop, from its format, tier, group and flags.
+struct Plan {
+  int vec_elems;  // weights per multiply instruction
+  int step;       // weights per decode step
+  int block;      // elements per scale block (one or more scale groups), or unrolled chunk (bf16)
+  int gpb;        // scale groups per block
+  int na;         // accumulators per token inside a block
+  int nt;         // running totals per token (scaled formats; 0 otherwise)
+  int regs_per_token() const { return na + nt; }
+};
+
+Plan plan_of(const KernelKey& key) {
+  const Format f = static_cast<Format>(key.format);
+  const XLayout l = x_layout(key.isa, key.format, key.flags);
+  const bool f32 = x_elem_bytes(l) == 4;
+  Plan p{};
+  p.vec_elems = f32 ? tier_traits(key.isa).vec_bytes / 4 : 32;
+  p.step = l == XLayout::bf16_nib128 || l == XLayout::bf16_q4 ? 4 * p.vec_elems
+           : l == XLayout::bf16_perm64 || (is_e2m1(f) && f32) ? 2 * p.vec_elems
+                                                              : p.vec_elems;
+  // A block is the unit one scale (or one per group of it) applies to.
+  const int group = is_gguf(f) ? 32 : byte_scales(f) ? std::max(1, key.group) : kBlock;
+  p.block = f == Format::bf16 ? kBlock : std::max(group, std::min(p.step, kBlock));
+  const bool scaled = scaled_format(f);
+  p.gpb = scaled ? p.block / group : 1;
+  const int vpb = std::max(1, p.block / p.vec_elems);
+  p.na = scaled ? std::min(kBlockSplit, vpb) : kSplit;
+  // Blocks of 4+ vectors are long enough to hide the latency of one running
+  // total's FMA chain; shorter blocks rotate kSplit / na totals. Fewer
+  // registers per token means more tokens per call (dedup decodes once per call).
+  p.nt = !scaled ? 0 : vpb >= 4 ? 1 : std::max(1, kSplit / p.na);
+  return p;
+}
+
 class GemvGenerator : public Generator {
  public:
   explicit GemvGenerator(const KernelKey& key)
@@ -80,6 +114,7 @@ class GemvGenerator : public Generator {
         isa_(key.isa),
         tt_(tier_traits(key.isa)),
         layout_(x_layout(key.isa, key.format, key.flags)),
+        plan_(plan_of(key)),
         scaled_(scaled_format(fmt_)),
         wbytes_(fmt_ == Format::bf16 ? 2 : 1),
         xbytes_(int(x_elem_bytes(layout_))),
@@ -89,27 +124,21 @@ class GemvGenerator : public Generator {
         q4x4_(layout_ == XLayout::bf16_q4),
         nib128_(layout_ == XLayout::bf16_nib128),
         fma_f32_(x_elem_bytes(layout_) == 4),
-        vec_elems_(fma_f32_ ? tt_.vec_bytes / 4 : 32),
-        step_(nib128_ || q4x4_                           ? 4 * vec_elems_
-              : vbmi_lut_ || (is_e2m1(fmt_) && fma_f32_) ? 2 * vec_elems_
-                                                         : vec_elems_),
+        vec_elems_(plan_.vec_elems),
+        step_(plan_.step),
         // sw prefetch: bf16 multi-token calls compute long enough per line that
         // streaming no longer overlaps without help (measured: cold = hot + DRAM
         // time); they prefetch each line of the next call (w_prefetch is the next
         // call for bf16).
         sw_prefetch_(streams_with_prefetch(key.format) || key.tokens > 1) {
-    // A block is the unit one scale (or two, for two groups) applies to.
-    const int group = is_gguf(fmt_) ? 32 : byte_scales(fmt_) ? key.group : kBlock;
-    block_ = std::max(group, std::min(step_, kBlock));
-    if (fmt_ == Format::bf16) block_ = kBlock;
-    gpb_ = scaled_ ? block_ / group : 1;
+    block_ = plan_.block;
+    gpb_ = plan_.gpb;
     // Lanes of the second group of a two-group block: the 64-element byte-table
     // decode and the fp32 e2m1 decode keep the first 32 (16) elements in the low
     // 256 bits. (nib128 blocks hold 4 or 8 groups, see apply_block_scale.)
     grp2_mask_ = 0xFF00;
-    const int vpb = std::max(1, block_ / vec_elems_);
-    na_ = scaled_ ? std::min(kBlockSplit, vpb) : kSplit;
-    nt_ = scaled_ ? std::max(1, kSplit / na_) : 0;
+    na_ = plan_.na;
+    nt_ = plan_.nt;
     unroll_ = scaled_ ? std::max(nt_, kBlock / block_) : 1;
   }
 
@@ -840,6 +869,7 @@ class GemvGenerator : public Generator {
   Isa isa_;
   TierTraits tt_;
   XLayout layout_;
+  Plan plan_;
   bool scaled_;
   int wbytes_;
   int xbytes_;
@@ -899,11 +929,23 @@ uint32_t runtime_flags(Isa isa, int32_t format, int32_t /*group*/) {
              : 0;
 }
 
+int max_tokens_per_call(const KernelKey& key) {
+  return tier_traits(key.isa).acc_count / plan_of(key).regs_per_token();
+}
+
 int max_tokens_per_call(Isa isa, int32_t format) {
-  const Format f = static_cast<Format>(format);
-  const int per_row = kSplit + (scaled_format(f) ? 1 : 0);
-  const int budget = tier_traits(isa).acc_count;
-  return budget / per_row;
+  // The smallest over the groups and flags a format may use.
+  int m = 1 << 30;
+  for (int32_t group : {16, 32, 64, 128})
+    for (uint32_t flags : {0u, kFlagNoVbmi}) {
+      KernelKey k;
+      k.isa = isa;
+      k.format = format;
+      k.group = group;
+      k.flags = flags;
+      m = std::min(m, max_tokens_per_call(k));
+    }
+  return m;
 }
 
 bool gemv_supported(const KernelKey& key, std::string* why) {
@@ -924,7 +966,7 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "k, rows and tokens must be >= 1";
     return false;
   }
-  if (key.tokens > max_tokens_per_call(key.isa, key.format)) {
+  if (key.tokens > max_tokens_per_call(key)) {
     *why = "tokens per call exceeds the register budget of " + std::string(isa_name(key.isa));
     return false;
   }

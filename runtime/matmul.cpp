@@ -69,7 +69,14 @@ moejit_status Matmul::resolve(int max_tokens, std::string* err) {
     max_m_ = 1;
     return MOEJIT_OK;
   }
-  max_m_ = std::min(max_tokens, jit::max_tokens_per_call(isa_, int32_t(layout_.format)));
+  {
+    jit::KernelKey k;
+    k.isa = isa_;
+    k.format = int32_t(layout_.format);
+    k.group = layout_.group;
+    k.flags = flags_;
+    max_m_ = std::min(max_tokens, jit::max_tokens_per_call(k));
+  }
   table_.assign(size_t(max_seg_ + 1) * size_t(max_m_ + 1), nullptr);
   for (int seg = 1; seg <= max_seg_; ++seg) {
     if (!seg_needed_[size_t(seg)]) continue;

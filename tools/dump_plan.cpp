@@ -88,8 +88,7 @@ struct MatrixPlan {
   }
 
   void keys(int max_tokens, std::vector<jit::KernelKey>* out) const {
-    const int max_m = std::min(
-        max_tokens, jit::max_tokens_per_call(spec.isa, int32_t(formats::kernel_format(spec.format))));
+    const int max_m = std::min(max_tokens, jit::max_tokens_per_call(runtime_key(spec, 1, 1)));
     for (size_t seg = 1; seg < seg_needed.size(); ++seg) {
       if (!seg_needed[seg]) continue;
       for (int m = 1; m <= max_m; ++m) {
