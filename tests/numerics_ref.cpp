@@ -375,6 +375,31 @@ namespace {
 
 double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
+// Pass 1 of intermediate i for one route, exact in double: gate and up (bias
+// and router weight on input included) and the sums of |products| their fp32
+// error bounds scale with.
+struct GateUp {
+  double gate, up, sgate, sup;
+};
+GateUp gate_up(const MoeProblem& p, const Mat& gu, const std::vector<double>& Wg, const double* x, int i,
+               double wt) {
+  const int H = p.H, I = p.I;
+  const int gr = p.interleaved ? 2 * i : i;
+  const int ur = p.interleaved ? 2 * i + 1 : I + i;
+  double dg = 0, sg = 0, du = 0, su = 0;
+  const double* wg = &Wg[size_t(gr) * H];
+  const double* wu = &Wg[size_t(ur) * H];
+  for (int k = 0; k < H; ++k) {
+    dg += wg[k] * x[k];
+    sg += std::fabs(wg[k] * x[k]);
+    du += wu[k] * x[k];
+    su += std::fabs(wu[k] * x[k]);
+  }
+  const double bg = gu.bias_at(gr), bu = gu.bias_at(ur);
+  const double ws = p.rwoi ? wt : 1.0;
+  return {ws * dg + bg, ws * du + bu, std::fabs(ws) * sg + std::fabs(bg), std::fabs(ws) * su + std::fabs(bu)};
+}
+
 double activation(const MoeProblem& p, double gate, double up) {
   const double alpha = p.alpha == 0 ? double(1.702f) : double(p.alpha);
   const double L = double(p.limit);
@@ -458,21 +483,8 @@ Reference moe_reference_ds(const MoeData& d) {
       const double wt = double(d.w[size_t(t * K + j)]);
       const double* x = &xq[size_t(t * H)];
       for (int i = 0; i < I; ++i) {
-        const int gr = p.interleaved ? 2 * i : i;
-        const int ur = p.interleaved ? 2 * i + 1 : I + i;
-        double dg = 0, sg = 0, du = 0, su = 0;
-        const double* wg = &Wg[size_t(gr) * H];
-        const double* wu = &Wg[size_t(ur) * H];
-        for (int k = 0; k < H; ++k) {
-          dg += wg[k] * x[k];
-          sg += std::fabs(wg[k] * x[k]);
-          du += wu[k] * x[k];
-          su += std::fabs(wu[k] * x[k]);
-        }
-        const double bg = gu.bias_at(gr), bu = gu.bias_at(ur);
-        const double ws = p.rwoi ? wt : 1.0;
-        const double gate = ws * dg + bg, up = ws * du + bu;
-        const double sgate = std::fabs(ws) * sg + std::fabs(bg), sup = std::fabs(ws) * su + std::fabs(bu);
+        const GateUp gp = gate_up(p, gu, Wg, x, i, wt);
+        const double gate = gp.gate, up = gp.up, sgate = gp.sgate, sup = gp.sup;
         const double dgate = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sgate;
         const double dup = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sup;
         double g16, u16;  // the reference's bf16 gate and up
@@ -591,21 +603,8 @@ Reference moe_reference(const MoeData& d) {
       const double wt = double(d.w[size_t(t * K + j)]);
       const double* x = &xd[size_t(t * H)];
       for (int i = 0; i < I; ++i) {
-        const int gr = p.interleaved ? 2 * i : i;
-        const int ur = p.interleaved ? 2 * i + 1 : I + i;
-        double dg = 0, sg = 0, du = 0, su = 0;
-        const double* wg = &Wg[size_t(gr) * H];
-        const double* wu = &Wg[size_t(ur) * H];
-        for (int k = 0; k < H; ++k) {
-          dg += wg[k] * x[k];
-          sg += std::fabs(wg[k] * x[k]);
-          du += wu[k] * x[k];
-          su += std::fabs(wu[k] * x[k]);
-        }
-        const double bg = gu.bias_at(gr), bu = gu.bias_at(ur);
-        const double ws = p.rwoi ? wt : 1.0;
-        const double gate = ws * dg + bg, up = ws * du + bu;
-        const double sgate = std::fabs(ws) * sg + std::fabs(bg), sup = std::fabs(ws) * su + std::fabs(bu);
+        const GateUp gp = gate_up(p, gu, Wg, x, i, wt);
+        const double gate = gp.gate, up = gp.up, sgate = gp.sgate, sup = gp.sup;
         const double dgate = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sgate;
         const double dup = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sup;
         const double a = activation(p, gate, up);
