@@ -1,6 +1,6 @@
 // Fuzz harness for formats/: every scalar element decoder, f32_to_bf16 and
 // round_bf16, the layout traits, weight() and gemv_scalar() on small fuzzed
-// layouts of all nine formats.
+// layouts of all nine formats, and quantize() into those layouts.
 //
 // Oracles: an independent decoder written here from docs/FORMATS.md (bit
 // fields, not the library's code), exact equality for every decoded element and
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "formats/formats.h"
+#include "formats/quantize.h"
 #include "fuzz_util.h"
 
 namespace fm = moejit::formats;
@@ -365,6 +366,33 @@ void check_layout(fuzz::Reader& in) {
                "gemv_scalar(%s, K=%lld, row %lld) = %a, float64 %a, |diff| %g > bound %g",
                fm::format_name(l.format), (long long)l.k, (long long)r, got, want, std::fabs(got - want),
                bound);
+  }
+
+  // quantize() of fuzzed fp32 (NaN, inf, subnormals, huge) into the same layout:
+  // it accepts it, writes only the weight bytes and the scale columns (ASan:
+  // the buffers end at the last scale row's columns), and every weight it
+  // produces from finite inputs of moderate size decodes finite.
+  std::vector<float> w(size_t(l.rows * l.k));
+  bool moderate = true;
+  for (auto& v : w) {
+    v = in.chance(24) ? in.f32() : std::ldexp(float(int(in.range(-1000, 1000))), int(in.range(-20, 4)));
+    moderate = moderate && std::isfinite(v) && std::fabs(v) < 1e4f;
+  }
+  std::fill(c.data.begin(), c.data.end(), 0xA5);
+  std::fill(c.scales.begin(), c.scales.end(), 0xA5);
+  fm::Layout ql = l;  // the stride the buffer was sized with (a MatrixRef override wins)
+  if (c.ref.scale_stride) ql.scale_stride = c.ref.scale_stride;
+  const fm::QuantResult q = fm::quantize(ql, w.data(),
+                                         {c.data.data(), c.scales.empty() ? nullptr : c.scales.data(),
+                                          c.row_scales.empty() ? nullptr : c.row_scales.data()});
+  FUZZ_CHECK(q.ok, "quantize(%s, rows %lld, K %lld) refused a valid layout: %s", fm::format_name(l.format),
+             (long long)l.rows, (long long)l.k, q.error ? q.error : "");
+  if (!moderate) return;
+  for (int i = 0; i < 16; ++i) {
+    const int64_t r = in.range(0, l.rows - 1), k = in.range(0, l.k - 1);
+    const double got = fm::weight(l, c.ref, r, k);
+    FUZZ_CHECK(std::isfinite(got), "quantize(%s) of finite %g decodes to %g at r=%lld k=%lld",
+               fm::format_name(l.format), double(w[size_t(r * l.k + k)]), got, (long long)r, (long long)k);
   }
 }
 
