@@ -62,11 +62,11 @@ inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
   if (is_e2m1_format(format)) return isa == Isa::avx512_bf16 ? XLayout::bf16_nib128 : XLayout::f32_evens_odds;
   if (format == 4 /* q4_0 */) return isa == Isa::avx512_bf16 ? XLayout::bf16_q4 : XLayout::f32;
   if (isa != Isa::avx512_bf16) return XLayout::f32;
-  const bool eight_bit =
-      format == 5 /* fp8_block */ || format == 7 /* mxfp8_e4m3 */ || format == 8 /* e5m2 */;
+  const bool eight_bit = format == 5 /* fp8_block */ || format == 7 /* mxfp8_e4m3 */ ||
+                         format == 8 /* e5m2 */ || format == 6 /* q8_0 */;
   if (eight_bit && bf16_tables) return XLayout::bf16_perm64;
   if (format == 8) return XLayout::f32;  // e5m2 without VBMI: fp16 widening, fp32 FMA
-  if (format == 6) return XLayout::f32;  // q8_0: int8 quants widened to fp32
+  if (format == 6) return XLayout::f32;  // q8_0 without VBMI: int8 quants widened to fp32
   return XLayout::bf16;
 }
 // Layouts whose decode needs AVX512_VBMI (vpermi2b, vpmultishiftqb).

@@ -327,8 +327,11 @@ class GemvGenerator : public Generator {
       L(l_lut_);
       for (int half = 0; half < 2; ++half)
         for (int i = 0; i < 128; ++i) {
-          const float v = is_e4m3(fmt_) ? formats::e4m3_to_f32(uint8_t(i)) : formats::e5m2_to_f32(uint8_t(i));
-          const uint16_t b = formats::f32_to_bf16(v);  // exact: 8-bit floats fit bf16
+          // q8_0: the magnitude of the int8 (vpabsb), with 128 (from -128) at index 0
+          const float v = fmt_ == Format::q8_0 ? float(i == 0 ? 128 : i)
+                          : is_e4m3(fmt_)      ? formats::e4m3_to_f32(uint8_t(i))
+                                               : formats::e5m2_to_f32(uint8_t(i));
+          const uint16_t b = formats::f32_to_bf16(v);  // exact: 8-bit values fit bf16
           db(half == 0 ? (b & 0xFF) : (b >> 8));
         }
     } else if (blend) {
@@ -480,13 +483,13 @@ class GemvGenerator : public Generator {
   // Weight bytes of one scale block (GGUF blocks carry their d inline).
   int block_bytes() const {
     if (is_e2m1(fmt_)) return block_ / 2;
-    if (fmt_ == Format::q8_0) return 34;
+    if (fmt_ == Format::q8_0) return 34 * block_ / 32;
     if (fmt_ == Format::q4_0) return 18 * block_ / 32;
     return block_ * wbytes_;
   }
   // Byte offset of element `off` of the current block from the cursor.
   int w_byte(int off) const {
-    if (fmt_ == Format::q8_0) return dw_ + 2 + off;
+    if (fmt_ == Format::q8_0) return dw_ + 34 * (off / 32) + 2 + off % 32;
     if (fmt_ == Format::q4_0) return q4x4_ ? dw_ + 18 * (off / 32) + 2 : dw_ + 2 + off % 16;
     if (is_e2m1(fmt_)) return dw_ + off / 2;
     return dw_ + off * wbytes_;
@@ -614,6 +617,10 @@ class GemvGenerator : public Generator {
         default: break;
       }
       return 1;
+    }
+    if (vbmi_lut_ && fmt_ == Format::q8_0) {
+      emit_q8_lut64(off, cnt);
+      return 2;
     }
     if (vbmi_lut_) {  // any 8-bit float: the tables hold its bf16 bytes
       emit_e4m3_lut64(off, partial);
@@ -770,6 +777,24 @@ class GemvGenerator : public Generator {
     vpunpckhbw(Zmm(v_w(1).getIdx()), lo, hi);
   }
 
+  // q8_0, two 34-byte blocks -> 2 x 32 bf16 (XLayout::bf16_perm64): the quants
+  // of block 0 in the low 256 bits, block 1 in the high; bf16 of |q| from the
+  // byte tables (index 0 holds 128, for -128; q = 0 zeroes the high byte), the
+  // sign from q. A tail of one block leaves the high half zero.
+  void emit_q8_lut64(int off, int cnt) {
+    const Zmm b = Zmm(v_scale().getIdx()), lo = Zmm(v_t(0).getIdx()), hi = Zmm(v_t(1).getIdx());
+    vmovdqu8(Ymm(b.getIdx()), w_addr(off));  // EVEX: clears bits 256-511
+    if (cnt > 32) vinserti64x4(b, b, w_addr(off + 32), 1);
+    vpabsb(lo, b);
+    vptestmb(k_sub, b, b);
+    vmovdqa64(hi, lo);
+    vpermi2b(lo, Zmm(v_c(0).getIdx()), Zmm(v_c(1).getIdx()));
+    vpermi2b(hi | k_sub | T_z, Zmm(v_c(2).getIdx()), Zmm(v_c(3).getIdx()));
+    vpternlogd(hi, b, Zmm(v_c(4).getIdx()), 0xF8);  // hi | (q & 0x80)
+    vpunpcklbw(Zmm(v_w(0).getIdx()), lo, hi);
+    vpunpckhbw(Zmm(v_w(1).getIdx()), lo, hi);
+  }
+
   // 32 e4m3 bytes -> 32 bf16 with arithmetic for normals and a table blend for
   // exponent-0 codes (CPUs with AVX512_BF16 but no AVX512_VBMI).
   void emit_e4m3_blend32(int off, bool partial) {
@@ -801,7 +826,15 @@ class GemvGenerator : public Generator {
   // tot(m, ti) += acc(m, 0) * the block's scale (two scales on the lanes of a
   // two-group block; a tail block holding only the first group reads one).
   void apply_block_scale(int n, int ti) {
-    if (q4x4_) {  // the fp16 d of blocks 0..3 on their 128-bit lanes (missing blocks: 0)
+    if (vbmi_lut_ && fmt_ == Format::q8_0) {  // d of block 0 on lanes 0-7, of block 1 on 8-15 (or 0)
+      if (n > 32) {
+        vpbroadcastw(Ymm(v_scale().getIdx()), ptr[reg_wk + dw_]);
+        vpbroadcastw(Ymm(v_scale().getIdx()) | k_grp2, ptr[reg_wk + dw_ + 34]);
+      } else {
+        vpbroadcastw(Xmm(v_scale().getIdx()), ptr[reg_wk + dw_]);  // clears the upper lanes
+      }
+      vcvtph2ps(Zmm(v_scale().getIdx()), Ymm(v_scale().getIdx()));
+    } else if (q4x4_) {  // the fp16 d of blocks 0..3 on their 128-bit lanes (missing blocks: 0)
       const Ymm ys = Ymm(v_scale().getIdx());
       const int nb = (n + 31) / 32;
       if (nb < 4) vpxor(ys, ys, ys);

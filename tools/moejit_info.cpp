@@ -166,7 +166,9 @@ std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) 
   const uint32_t flags = isa == MOEJIT_ISA_AVX512_BF16 && !vbmi ? moejit::jit::kFlagNoVbmi : 0;
   namespace F = moejit::formats;
   switch (moejit::jit::x_layout(tier, int32_t(F::kernel_format(f)), flags)) {
-    case moejit::jit::XLayout::bf16_perm64: return "byte tables -> bf16 (vpermi2b), vdpbf16ps";
+    case moejit::jit::XLayout::bf16_perm64:
+      return f == F::Format::q8_0 ? "|q| byte tables -> bf16 (vpermi2b), vdpbf16ps"
+                                  : "byte tables -> bf16 (vpermi2b), vdpbf16ps";
     case moejit::jit::XLayout::bf16_nib128: return "e2m1 -> bf16 (vpsrlw + vpermw), vdpbf16ps";
     case moejit::jit::XLayout::bf16_q4: return "q4_0 -> bf16 (vpsrlw + vpermw, 4 blocks), vdpbf16ps";
     case moejit::jit::XLayout::bf16:
