@@ -400,6 +400,32 @@ GateUp gate_up(const MoeProblem& p, const Mat& gu, const std::vector<double>& Wg
   return {ws * dg + bg, ws * du + bu, std::fabs(ws) * sg + std::fabs(bg), std::fabs(ws) * su + std::fabs(bu)};
 }
 
+// Pass 2 of one down row against the reference's g: the dot product, sum |w g|
+// and sum |w| allow (g's own uncertainty).
+struct DownDot {
+  double dot = 0, s = 0, sa = 0;
+};
+DownDot down_dot(const double* wd, const std::vector<double>& g, const std::vector<double>& allow) {
+  DownDot r;
+  for (size_t i = 0; i < g.size(); ++i) {
+    r.dot += wd[i] * g[i];
+    r.s += std::fabs(wd[i] * g[i]);
+    r.sa += std::fabs(wd[i]) * allow[i];
+  }
+  return r;
+}
+
+// Ambiguities on elements far below the route's largest |g| (activations near
+// zero, where fp32 cancellation is legitimate) cost nothing in the bound; those
+// on large elements are what keeps the test tight: this counts the latter.
+int significant_ambiguities(const std::vector<double>& g, const std::vector<double>& allow) {
+  const double gmax =
+      *std::max_element(g.begin(), g.end(), [](double a, double b) { return std::fabs(a) < std::fabs(b); });
+  int n = 0;
+  for (size_t i = 0; i < g.size(); ++i) n += allow[i] > 0 && std::fabs(g[i]) * 16 >= std::fabs(gmax);
+  return n;
+}
+
 double activation(const MoeProblem& p, double gate, double up) {
   const double alpha = p.alpha == 0 ? double(1.702f) : double(p.alpha);
   const double L = double(p.limit);
@@ -528,19 +554,11 @@ Reference moe_reference_ds(const MoeData& d) {
           ref.g_elems++;
         }
       }
-      const double gmax = *std::max_element(gq.begin(), gq.end(),
-                                            [](double a, double b) { return std::fabs(a) < std::fabs(b); });
-      for (int i = 0; i < I; ++i)
-        ref.significant += allow[size_t(i)] > 0 && std::fabs(gq[size_t(i)]) * 16 >= std::fabs(gmax);
+      ref.significant += significant_ambiguities(gq, allow);
       const double wc = p.rwoi ? 1.0 : wt;
       for (int h = 0; h < H; ++h) {
-        const double* wd = &Wd[size_t(h) * I];
-        double dot = 0, s1 = 0, a1 = 0;
-        for (int i = 0; i < I; ++i) {
-          dot += wd[i] * gq[size_t(i)];
-          s1 += std::fabs(wd[i]) * (std::fabs(gq[size_t(i)]) + allow[size_t(i)]);
-          a1 += std::fabs(wd[i]) * allow[size_t(i)];
-        }
+        const DownDot dd = down_dot(&Wd[size_t(h) * I], gq, allow);
+        const double dot = dd.dot, s1 = dd.s + dd.sa, a1 = dd.sa;
         const double bd = dn.bias_at(h);
         const double c = wc * (dot + bd);
         const double dc = std::fabs(wc) * ((I + 68) * kU * (s1 + std::fabs(bd)) + a1);
@@ -618,22 +636,11 @@ Reference moe_reference(const MoeData& d) {
         ref.flagged += allow[size_t(i)] > 0;
         ref.g_elems++;
       }
-      // Ambiguities on elements far below the route's largest |g| (activations
-      // near zero, where fp32 cancellation is legitimate) cost nothing in the
-      // bound; those on large elements are what keeps the test tight.
-      const double gmax = *std::max_element(g.begin(), g.end(),
-                                            [](double a, double b) { return std::fabs(a) < std::fabs(b); });
-      for (int i = 0; i < I; ++i)
-        ref.significant += allow[size_t(i)] > 0 && std::fabs(g[size_t(i)]) * 16 >= std::fabs(gmax);
+      ref.significant += significant_ambiguities(g, allow);
       const double wc = p.rwoi ? 1.0 : wt;
       for (int h = 0; h < H; ++h) {
-        const double* wd = &Wd[size_t(h) * I];
-        double dot = 0, s = 0, sa = 0;
-        for (int i = 0; i < I; ++i) {
-          dot += wd[i] * g[size_t(i)];
-          s += std::fabs(wd[i] * g[size_t(i)]);
-          sa += std::fabs(wd[i]) * allow[size_t(i)];
-        }
+        const DownDot dd = down_dot(&Wd[size_t(h) * I], g, allow);
+        const double dot = dd.dot, s = dd.s, sa = dd.sa;
         const double bd = dn.bias_at(h);
         const size_t o = size_t(t * H + h);
         ref.y[o] += wc * (dot + bd);
