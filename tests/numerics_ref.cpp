@@ -34,7 +34,7 @@ void fill_quantized(Mat& m, int64_t pad, Rng& rng) {
   const fm::Format f = static_cast<fm::Format>(m.fmt);
   if (fm::has_block_scales(f)) {
     m.srows = fm::scale_rows(f, m.rows);
-    m.scols = fm::scale_cols(f, fm::default_group(f, 0), m.k);
+    m.scols = fm::scale_cols(f, m.layout().group, m.k);
     m.stride = m.scols + pad;
     m.api_stride = pad ? m.stride : 0;
     const fm::ScaleDtype dt = m.sdt == MOEJIT_DTYPE_F32 ? fm::ScaleDtype::f32 : fm::ScaleDtype::bf16;
@@ -137,7 +137,7 @@ fm::Layout Mat::layout() const {
   fm::Layout l;
   l.format = static_cast<fm::Format>(fmt);
   l.scale_dtype = sdt == MOEJIT_DTYPE_F32 ? fm::ScaleDtype::f32 : fm::ScaleDtype::bf16;
-  l.group = fm::default_group(l.format, 0);
+  l.group = fm::default_group(l.format, group);
   l.rows = rows;
   l.k = k;
   l.scale_stride = stride;
@@ -174,9 +174,10 @@ void Mat::set_scale(int64_t sr, int64_t sc, float v) {
 }
 
 Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64_t pad, Fill fill, bool bias,
-             Rng& rng) {
+             Rng& rng, int32_t group) {
   Mat m;
   m.fmt = fmt;
+  m.group = group;
   m.sdt = sdt;
   m.rows = rows;
   m.k = k;
@@ -228,7 +229,7 @@ Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64
                               : float(std::ldexp(1.0 + rng.unit(), -rng.uniform(0, 2)));
   } else if (fmt == MOEJIT_FORMAT_MXFP8_E4M3 || fmt == MOEJIT_FORMAT_MXFP8_E5M2 ||
              fmt == MOEJIT_FORMAT_MXFP4) {
-    // One e8m0 scale per 32 elements of each row (group 32, the default).
+    // One e8m0 scale per group of each row (mxfp4: 32; mxfp8: m.group, default 32).
     const bool e5 = fmt == MOEJIT_FORMAT_MXFP8_E5M2;
     const bool fp4 = fmt == MOEJIT_FORMAT_MXFP4;
     m.data.resize(size_t(rows * (fp4 ? k / 2 : k)));
@@ -247,7 +248,7 @@ Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64
       }
     }
     m.srows = rows;
-    m.scols = k / 32;
+    m.scols = k / m.layout().group;
     m.stride = m.scols + pad;
     m.api_stride = pad ? m.stride : 0;
     m.scales.assign(size_t(m.srows * m.stride), 0xFF);  // padding: the e8m0 NaN code
@@ -307,6 +308,7 @@ moejit_moe_desc MoeData::desc() const {
   d.format = p.fmt;
   d.scale_dtype = p.fmt == MOEJIT_FORMAT_FP8_BLOCK ? p.sdt : MOEJIT_DTYPE_BF16;
   d.hidden = p.H;
+  d.group_size = p.group;
   d.intermediate = p.I;
   d.num_experts = p.E;
   d.top_k = p.top_k;
@@ -326,9 +328,9 @@ namespace {
 
 // ds_fp4 weights are mxfp4 bytes: drawn by make_mat as mxfp4, then labelled ds_fp4.
 Mat make_weights(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64_t pad, Fill fill,
-                 bool bias, Rng& rng) {
-  Mat m =
-      make_mat(fmt == MOEJIT_FORMAT_DS_FP4 ? MOEJIT_FORMAT_MXFP4 : fmt, sdt, rows, k, pad, fill, bias, rng);
+                 bool bias, Rng& rng, int32_t group = 0) {
+  Mat m = make_mat(fmt == MOEJIT_FORMAT_DS_FP4 ? MOEJIT_FORMAT_MXFP4 : fmt, sdt, rows, k, pad, fill, bias,
+                   rng, group);
   m.fmt = fmt;
   return m;
 }
@@ -340,8 +342,8 @@ MoeData make_moe(const MoeProblem& p) {
   d.p = p;
   Rng rng(p.seed);
   for (int e = 0; e < p.E; ++e) {
-    d.gu.push_back(make_weights(p.fmt, p.sdt, 2 * int64_t(p.I), p.H, p.pad, p.fill, p.bias, rng));
-    d.dn.push_back(make_weights(p.fmt, p.sdt, p.H, p.I, p.pad, p.fill, p.bias, rng));
+    d.gu.push_back(make_weights(p.fmt, p.sdt, 2 * int64_t(p.I), p.H, p.pad, p.fill, p.bias, rng, p.group));
+    d.dn.push_back(make_weights(p.fmt, p.sdt, p.H, p.I, p.pad, p.fill, p.bias, rng, p.group));
   }
   for (int e = 0; e < p.E; ++e) {
     d.gu_api.push_back(d.gu[size_t(e)].api());
@@ -667,6 +669,7 @@ moejit_linear_desc LinearData::desc() const {
   d.scale_dtype = p.fmt == MOEJIT_FORMAT_FP8_BLOCK ? p.sdt : MOEJIT_DTYPE_BF16;
   d.rows = p.rows;
   d.cols = p.cols;
+  d.group_size = p.group;
   d.max_tokens = p.max_tokens;
   d.weight = w.api();
   d.output_dtype = p.out;
@@ -677,7 +680,7 @@ LinearData make_linear(const LinearProblem& p) {
   LinearData d;
   d.p = p;
   Rng rng(p.seed);
-  d.w = make_weights(p.fmt, p.sdt, p.rows, p.cols, p.pad, p.fill, p.bias, rng);
+  d.w = make_weights(p.fmt, p.sdt, p.rows, p.cols, p.pad, p.fill, p.bias, rng, p.group);
   d.x = make_x(int64_t(p.max_tokens) * p.cols, Fill::random, rng);
   return d;
 }

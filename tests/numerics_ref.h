@@ -52,6 +52,7 @@ struct Mat {
   moejit_format fmt = MOEJIT_FORMAT_BF16;
   moejit_dtype sdt = MOEJIT_DTYPE_BF16;
   int64_t rows = 0, k = 0;
+  int32_t group = 0;       // mxfp8 scale group (0 = the format's default)
   int64_t api_stride = 0;  // what the API is given (0 = dense)
   int64_t stride = 0;      // resolved
   int64_t srows = 0, scols = 0;
@@ -69,8 +70,9 @@ struct Mat {
 };
 
 // pad > 0: scale_row_stride = scale columns + pad, padding holds NaN.
+// group: mxfp8 scale group, 0 = the format's default.
 Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64_t pad, Fill fill, bool bias,
-             Rng& rng);
+             Rng& rng, int32_t group = 0);
 
 std::vector<uint16_t> make_x(int64_t n, Fill fill, Rng& rng);
 
@@ -98,6 +100,7 @@ struct MoeProblem {
   moejit_dtype out = MOEJIT_DTYPE_BF16;
   bool bias = false;
   int pad = 0;
+  int32_t group = 0;  // mxfp8 scale group (group_size; 0 = 32)
   Fill fill = Fill::exact;
   uint64_t seed = 1;
 };
@@ -137,6 +140,7 @@ struct LinearProblem {
   moejit_dtype out = MOEJIT_DTYPE_F32;
   bool bias = false;
   int pad = 0;
+  int32_t group = 0;  // mxfp8 scale group (group_size; 0 = 32)
   uint64_t seed = 1;
   Fill fill = Fill::random;
 };

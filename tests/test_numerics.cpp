@@ -120,6 +120,18 @@ std::vector<MoeProblem> moe_problems() {
   p = moe("mx5_gelu_H96_I64_E4_k2_T20_pad1", MX5, SB, 96, 64, 4, 2, MOEJIT_ACT_GELU, Fill::exact, 17);
   p.max_tokens = 20, p.pad = 1;
   v.push_back(p);
+  // mxfp8 with groups of 64 and 128 (group_size), through the whole API path.
+  p = moe("mx8_g64_silu_H256_I128_E6_k3_pad1", MX8, SB, 256, 128, 6, 3, MOEJIT_ACT_SILU, Fill::exact, 32);
+  p.group = 64, p.pad = 1, p.max_tokens = 9;
+  v.push_back(p);
+  p = moe("random_mx5_g128_gelu_H384_I256_E5_k2_bias", MX5, SB, 384, 256, 5, 2, MOEJIT_ACT_GELU, Fill::random,
+          33);
+  p.group = 128, p.bias = true;
+  v.push_back(p);
+  p = moe("quant_mx8_g128_silu_H256_I128_E4_k2_T20", MX8, SB, 256, 128, 4, 2, MOEJIT_ACT_SILU,
+          Fill::quantized, 34);
+  p.group = 128, p.max_tokens = 20;
+  v.push_back(p);
   // mxfp4 as gpt-oss stores it: interleaved gate/up, biases, swiglu_oai (alpha 1.702, limit 7).
   p = moe("mxfp4_gptoss_H2880_I256_E4_k2_il_bias_L7", MF4, SB, 2880, 256, 4, 2, MOEJIT_ACT_SWIGLU_OAI,
           Fill::exact, 27);
@@ -267,6 +279,11 @@ LinearProblem lin(const char* name, moejit_format fmt, moejit_dtype sdt, int row
   return p;
 }
 
+LinearProblem grouped(LinearProblem p, int32_t group) {
+  p.group = group;
+  return p;
+}
+
 LinearProblem quantized(LinearProblem p) {
   p.fill = Fill::quantized;
   return p;
@@ -295,6 +312,8 @@ std::vector<LinearProblem> linear_problems() {
       quantized(lin("quant_mx5_r64_c192_bias", MX5, SB, 64, 192, OF, true, 0, 95)),
       quantized(lin("quant_mxfp4_r48_c2880_bf16out", MF4, SB, 48, 2880, OB, false, 0, 96)),
       quantized(lin("quant_q4_0_r64_c256", Q40, SB, 64, 256, OF, false, 0, 97)),
+      grouped(lin("mx8_g64_r40_c448_bias_pad2", MX8, SB, 40, 448, OF, true, 2, 101), 64),
+      grouped(quantized(lin("quant_mx5_g128_r33_c384_bf16out", MX5, SB, 33, 384, OB, false, 0, 102)), 128),
       quantized(lin("quant_nvfp4_r64_c272", NV4, SB, 64, 272, OF, false, 0, 99)),
       lin("nvfp4_r37_c2896_bias_pad1", NV4, SB, 37, 2896, OB, true, 1, 100),
       quantized(lin("quant_q8_0_r64_c2880_bias", Q80, SB, 64, 2880, OF, true, 0, 98)),
