@@ -64,13 +64,18 @@ bool scaled_format(Format f) { return f == Format::fp8_block || byte_scales(f) |
 // (bf16 cold layer 66% -> 81% of the read bandwidth, one thread).
 constexpr int kSplit = 4;
 // Scaled formats sum each scale block's products in at most kBlockSplit
-// accumulators (summed once per block, then one FMA by the scale into one of
-// kSplit / kBlockSplit running totals chosen by block index): fewer adds per
-// block, and short blocks still get independent FMA chains.
+// accumulators (summed once per block, then one FMA by the scale into a running
+// total chosen by block index, see plan_of): fewer adds per block, and short
+// blocks still get independent FMA chains.
 constexpr int kBlockSplit = 2;
 // Bytes of the next call requested at the start of a call when the format
 // streams without software prefetch.
 constexpr int64_t kBridgeBytes = 16384;
+
+// Lanes of the second group of a two-group block: the 64-element byte-table
+// decode and the fp32 e2m1 decode keep the first 32 (16) elements in the low
+// 256 bits. (e2m1 and q4_0 chunks of 128 hold 4 or 8 groups, see apply_block_scale.)
+constexpr uint32_t kGroup2Lanes = 0xFF00;
 
 // The shape of a kernel's inner loop, from its format, tier, group and flags.
 struct Plan {
@@ -124,27 +129,17 @@ class GemvGenerator : public Generator {
         q4x4_(layout_ == XLayout::bf16_q4),
         nib128_(layout_ == XLayout::bf16_nib128),
         fma_f32_(x_elem_bytes(layout_) == 4),
-        vec_elems_(plan_.vec_elems),
-        step_(plan_.step),
         // sw prefetch: bf16 multi-token calls compute long enough per line that
         // streaming no longer overlaps without help (measured: cold = hot + DRAM
         // time); they prefetch each line of the next call (w_prefetch is the next
         // call for bf16).
         sw_prefetch_(streams_with_prefetch(key.format) || key.tokens > 1) {
-    block_ = plan_.block;
-    gpb_ = plan_.gpb;
-    // Lanes of the second group of a two-group block: the 64-element byte-table
-    // decode and the fp32 e2m1 decode keep the first 32 (16) elements in the low
-    // 256 bits. (nib128 blocks hold 4 or 8 groups, see apply_block_scale.)
-    grp2_mask_ = 0xFF00;
-    na_ = plan_.na;
-    nt_ = plan_.nt;
-    unroll_ = scaled_ ? std::max(nt_, kBlock / block_) : 1;
+    unroll_ = scaled_ ? std::max(plan_.nt, kBlock / plan_.block) : 1;
   }
 
   bool generate(std::string* err) {
     const int regs = tt_.vec_bytes == 64 ? 32 : 16;
-    if (tt_.acc_first + key_.tokens * (na_ + nt_) > regs) {
+    if (tt_.acc_first + key_.tokens * (plan_.na + plan_.nt) > regs) {
       *err = "tokens per call exceed the accumulator registers";
       return false;
     }
@@ -182,9 +177,9 @@ class GemvGenerator : public Generator {
   Xmm v_c(int i) const { return vec(5 + i); }      // decode constants 0..4
   // accumulators: acc(m, j) per block (or per row when unscaled), tot(m, j)
   // running totals of scaled blocks
-  Xmm acc(int m, int j) const { return vec(tt_.acc_first + m * na_ + j); }
+  Xmm acc(int m, int j) const { return vec(tt_.acc_first + m * plan_.na + j); }
   Xmm tot(int m, int j = 0) const {
-    return scaled_ ? vec(tt_.acc_first + key_.tokens * na_ + m * nt_ + j) : acc(m, 0);
+    return scaled_ ? vec(tt_.acc_first + key_.tokens * plan_.na + m * plan_.nt + j) : acc(m, 0);
   }
 
   void emit_body() {
@@ -242,8 +237,8 @@ class GemvGenerator : public Generator {
       vmovdqu32(v_c(1), ptr[rip + l_pair_idx_]);
       return;
     }
-    if (gpb_ == 2) {
-      mov(reg_tmp.cvt32(), grp2_mask_);
+    if (plan_.gpb == 2) {
+      mov(reg_tmp.cvt32(), kGroup2Lanes);
       kmovw(k_grp2, reg_tmp.cvt32());
     }
     if (q4x4_) {  // the q - 8 -> bf16 word table (twice); lanes of blocks 0..3 of a 4-block chunk
@@ -356,18 +351,18 @@ class GemvGenerator : public Generator {
   // Byte displacements of the block being emitted inside an unrolled loop body.
   void set_block_disp(int j) {
     dw_ = j * block_bytes();
-    dx_ = int64_t(j) * block_ * xbytes_;
+    dx_ = int64_t(j) * plan_.block * xbytes_;
     ds_ = j * scale_bytes();
   }
 
   // One row over all of K. Scaled formats unroll `unroll_` blocks per loop
-  // iteration; block b adds into running total b % nt_.
+  // iteration; block b adds into running total b % plan_.nt.
   void emit_row() {
-    const int64_t nfull = key_.k / block_;
-    const int tail = int(key_.k % block_);
+    const int64_t nfull = key_.k / plan_.block;
+    const int tail = int(key_.k % plan_.block);
     if (scaled_)
       for (int m = 0; m < key_.tokens; ++m)
-        for (int j = 0; j < nt_; ++j) vxorps(tot(m, j), tot(m, j), tot(m, j));
+        for (int j = 0; j < plan_.nt; ++j) vxorps(tot(m, j), tot(m, j), tot(m, j));
     else
       zero_accs();
     mov(reg_wk, reg_wt);
@@ -387,12 +382,12 @@ class GemvGenerator : public Generator {
       start_prefetch_span(unroll_ * block_bytes());
       for (int j = 0; j < unroll_; ++j) {
         set_block_disp(j);
-        emit_block(block_, j % std::max(1, nt_));
+        emit_block(plan_.block, j % std::max(1, plan_.nt));
       }
       finish_prefetch_span();
       set_block_disp(0);
       add(reg_wk, unroll_ * block_bytes());
-      add(reg_xk, int64_t(unroll_) * block_ * xbytes_);
+      add(reg_xk, int64_t(unroll_) * plan_.block * xbytes_);
       if (scaled_ && scale_bytes() > 0) add(reg_sk, unroll_ * scale_bytes());
       dec(reg_kb);
       jnz(l_blk, T_NEAR);
@@ -400,12 +395,12 @@ class GemvGenerator : public Generator {
     start_prefetch_span(row_bytes_ - (row_bytes_ / block_bytes() - rem) * block_bytes());
     for (int j = 0; j < rem; ++j) {
       set_block_disp(j);
-      emit_block(block_, j % std::max(1, nt_));
+      emit_block(plan_.block, j % std::max(1, plan_.nt));
     }
     if (tail > 0) {
       phase("tail");
       set_block_disp(rem);
-      emit_block(tail, rem % std::max(1, nt_));
+      emit_block(tail, rem % std::max(1, plan_.nt));
     }
     finish_prefetch_span();
     set_block_disp(0);
@@ -482,10 +477,10 @@ class GemvGenerator : public Generator {
 
   // Weight bytes of one scale block (GGUF blocks carry their d inline).
   int block_bytes() const {
-    if (is_e2m1(fmt_)) return block_ / 2;
-    if (fmt_ == Format::q8_0) return 34 * block_ / 32;
-    if (fmt_ == Format::q4_0) return 18 * block_ / 32;
-    return block_ * wbytes_;
+    if (is_e2m1(fmt_)) return plan_.block / 2;
+    if (fmt_ == Format::q8_0) return 34 * plan_.block / 32;
+    if (fmt_ == Format::q4_0) return 18 * plan_.block / 32;
+    return plan_.block * wbytes_;
   }
   // Byte offset of element `off` of the current block from the cursor.
   int w_byte(int off) const {
@@ -497,37 +492,37 @@ class GemvGenerator : public Generator {
 
   int scale_bytes() const {
     if (fmt_ == Format::fp8_block) return 4;  // widened to fp32 on the stack
-    if (nib128_) return 4 * gpb_;             // the row's group scales widened to fp32 on the stack
+    if (nib128_) return 4 * plan_.gpb;        // the row's group scales widened to fp32 on the stack
     if (is_gguf(fmt_)) return 0;
-    if (byte_scales(fmt_)) return gpb_;
+    if (byte_scales(fmt_)) return plan_.gpb;
     return key_.scale_dtype == 1 ? 4 : 2;
   }
 
   void zero_accs() {
     for (int m = 0; m < key_.tokens; ++m)
-      for (int j = 0; j < na_; ++j) vxorps(acc(m, j), acc(m, j), acc(m, j));
+      for (int j = 0; j < plan_.na; ++j) vxorps(acc(m, j), acc(m, j), acc(m, j));
   }
   // acc(m, 0) = sum over j, as a fixed pairwise tree.
   void sum_accs() {
-    for (int width = 1; width < na_; width *= 2)
+    for (int width = 1; width < plan_.na; width *= 2)
       for (int m = 0; m < key_.tokens; ++m)
-        for (int j = 0; j + width < na_; j += 2 * width) vaddps(acc(m, j), acc(m, j), acc(m, j + width));
+        for (int j = 0; j + width < plan_.na; j += 2 * width) vaddps(acc(m, j), acc(m, j), acc(m, j + width));
   }
   void sum_tots() {
-    for (int width = 1; width < nt_; width *= 2)
+    for (int width = 1; width < plan_.nt; width *= 2)
       for (int m = 0; m < key_.tokens; ++m)
-        for (int j = 0; j + width < nt_; j += 2 * width) vaddps(tot(m, j), tot(m, j), tot(m, j + width));
+        for (int j = 0; j + width < plan_.nt; j += 2 * width) vaddps(tot(m, j), tot(m, j), tot(m, j + width));
   }
 
-  // n elements (<= block_) starting at the cursors; the last step may be partial.
+  // n elements (<= plan_.block) starting at the cursors; the last step may be partial.
   // Scaled blocks end with tot(m, ti) += (sum of the block's accumulators) * scale.
   void emit_block(int n, int ti) {
     if (scaled_) zero_accs();
     int v = 0;  // vector index inside the block: picks the accumulator
-    for (int s = 0; s * step_ < n; ++s) {
-      const int off = s * step_;
-      const int cnt = std::min(step_, n - off);
-      if (cnt < step_ && isa_ != Isa::avx2) set_tail_mask(cnt);
+    for (int s = 0; s * plan_.step < n; ++s) {
+      const int off = s * plan_.step;
+      const int cnt = std::min(plan_.step, n - off);
+      if (cnt < plan_.step && isa_ != Isa::avx2) set_tail_mask(cnt);
       // Each line read is matched by a prefetch of the same line of a later
       // call (into L2: measured ~1.5x faster cold than L1 prefetches here).
       // Formats whose decode is heavy need it; bf16 streams faster on the
@@ -537,14 +532,15 @@ class GemvGenerator : public Generator {
         prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
         pf_next_ += 64;
       }
-      if (cnt == step_) phase("decode");
+      if (cnt == plan_.step) phase("decode");
       const int nvec = load_weights(off, cnt);
-      if (cnt == step_) phase("fma");
+      if (cnt == plan_.step) phase("fma");
       for (int i = 0; i < nvec; ++i, ++v)
-        for (int m = 0; m < key_.tokens; ++m) multiply(acc(m, v % na_), v_w(i), m, off + i * vec_elems_);
+        for (int m = 0; m < key_.tokens; ++m)
+          multiply(acc(m, v % plan_.na), v_w(i), m, off + i * plan_.vec_elems);
     }
     if (scaled_) {
-      if (n == block_) phase("block-scale");
+      if (n == plan_.block) phase("block-scale");
       sum_accs();
       apply_block_scale(n, ti);
     }
@@ -585,7 +581,7 @@ class GemvGenerator : public Generator {
   // Leaves `cnt` widened weights of row r at `off` in v_w(0..n-1) and returns n
   // (zeros beyond cnt).
   int load_weights(int off, int cnt) {
-    const bool partial = cnt < step_;
+    const bool partial = cnt < plan_.step;
     const Xmm xt = Xmm(v_t().getIdx());
     const Ymm yt = Ymm(v_t().getIdx());
     if (fmt_ == Format::bf16) {
@@ -855,7 +851,7 @@ class GemvGenerator : public Generator {
     } else if (byte_scales(fmt_)) {
       movzx(reg_tmp.cvt32(), byte[reg_sk + ds_]);
       vbroadcastss(v_scale(), ptr[reg_stab + reg_tmp * 4]);
-      if (gpb_ == 2 && n > block_ / 2) {
+      if (plan_.gpb == 2 && n > plan_.block / 2) {
         movzx(reg_tmp.cvt32(), byte[reg_sk + ds_ + 1]);
         vbroadcastss(v_scale() | k_grp2, ptr[reg_stab + reg_tmp * 4]);
       }
@@ -908,18 +904,11 @@ class GemvGenerator : public Generator {
   int xbytes_;
   int64_t row_bytes_;
   int64_t xstride_bytes_;
-  bool vbmi_lut_;     // 8-bit floats -> bf16 through two 128-entry byte tables (vpermi2b)
-  bool q4x4_;         // q4_0, 4 blocks at a time -> bf16 through shifts + vpermw
-  bool nib128_;       // e2m1: 64 bytes -> 4 vectors of bf16 through shifts + vpermw
-  bool fma_f32_;      // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
-  int vec_elems_;     // weights per multiply instruction
-  int step_;          // weights per decode step
-  bool sw_prefetch_;  // software prefetch of a later call's weights
-  int block_ = 0;     // elements per scale block (or unrolled chunk when unscaled)
-  int gpb_ = 1;       // scale groups per block (1 or 2)
-  uint32_t grp2_mask_ = 0;
-  int na_ = 0;           // accumulators per token inside a block (K split)
-  int nt_ = 0;           // running totals per token (scaled formats)
+  bool vbmi_lut_;        // 8-bit floats -> bf16 through two 128-entry byte tables (vpermi2b)
+  bool q4x4_;            // q4_0, 4 blocks at a time -> bf16 through shifts + vpermw
+  bool nib128_;          // e2m1: 64 bytes -> 4 vectors of bf16 through shifts + vpermw
+  bool fma_f32_;         // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
+  bool sw_prefetch_;     // software prefetch of a later call's weights
   int unroll_ = 1;       // blocks per loop iteration
   int dw_ = 0;           // byte displacements of the block being emitted: weights,
   int64_t dx_ = 0;       // activations,

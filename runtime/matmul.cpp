@@ -69,32 +69,27 @@ moejit_status Matmul::resolve(int max_tokens, std::string* err) {
     max_m_ = 1;
     return MOEJIT_OK;
   }
-  {
-    jit::KernelKey k;
-    k.isa = isa_;
-    k.format = int32_t(layout_.format);
-    k.group = layout_.group;
-    k.flags = flags_;
-    max_m_ = std::min(max_tokens, jit::max_tokens_per_call(k));
-  }
+  // Every kernel of this matrix: its key with rows and tokens per call left to fill.
+  jit::KernelKey base;
+  base.format = int32_t(layout_.format);
+  base.k = int32_t(layout_.k);
+  // fp8_block kernels read one scale row per call (the runtime points at it), so
+  // its stride is not part of the generated code.
+  base.scale_stride = formats::has_block_scales(layout_.format) && layout_.format != Format::fp8_block
+                          ? layout_.scale_stride
+                          : 0;
+  base.scale_dtype = layout_.format == Format::fp8_block ? int32_t(layout_.scale_dtype) : 0;
+  base.group = layout_.format == Format::bf16 ? 0 : layout_.group;
+  base.isa = isa_;
+  base.flags = flags_;
+  max_m_ = std::min(max_tokens, jit::max_tokens_per_call(base));
   table_.assign(size_t(max_seg_ + 1) * size_t(max_m_ + 1), nullptr);
   for (int seg = 1; seg <= max_seg_; ++seg) {
     if (!seg_needed_[size_t(seg)]) continue;
     for (int m = 1; m <= max_m_; ++m) {
-      jit::KernelKey key;
-      key.format = int32_t(layout_.format);
-      key.k = int32_t(layout_.k);
+      jit::KernelKey key = base;
       key.rows = seg;
       key.tokens = m;
-      // fp8_block kernels read one scale row per call (the runtime points at it), so
-      // its stride is not part of the generated code.
-      key.scale_stride = formats::has_block_scales(layout_.format) && layout_.format != Format::fp8_block
-                             ? layout_.scale_stride
-                             : 0;
-      key.scale_dtype = layout_.format == Format::fp8_block ? int32_t(layout_.scale_dtype) : 0;
-      key.group = layout_.format == Format::bf16 ? 0 : layout_.group;
-      key.isa = isa_;
-      key.flags = flags_;
       auto k = jit::global_cache().get(key, err);
       if (!k) {
         *err = key.name() + ": " + *err;

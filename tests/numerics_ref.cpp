@@ -402,6 +402,16 @@ GateUp gate_up(const MoeProblem& p, const Mat& gu, const std::vector<double>& Wg
   return {ws * dg + bg, ws * du + bu, std::fabs(ws) * sg + std::fabs(bg), std::fabs(ws) * su + std::fabs(bu)};
 }
 
+// The (token, route) pairs of expert e, in the canonical order (by token, then route).
+std::vector<std::pair<int, int>> routes_of(const MoeData& d, int e, int T) {
+  const int K = d.p.top_k;
+  std::vector<std::pair<int, int>> routes;
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < K; ++j)
+      if (d.ids[size_t(t * K + j)] == e) routes.push_back({t, j});
+  return routes;
+}
+
 // Pass 2 of one down row against the reference's g: the dot product, sum |w g|
 // and sum |w| allow (g's own uncertainty).
 struct DownDot {
@@ -496,10 +506,7 @@ Reference moe_reference_ds(const MoeData& d) {
   };
 
   for (int e = 0; e < p.E; ++e) {
-    std::vector<std::pair<int, int>> routes;
-    for (int t = 0; t < T; ++t)
-      for (int j = 0; j < K; ++j)
-        if (d.ids[size_t(t * K + j)] == e) routes.push_back({t, j});
+    const std::vector<std::pair<int, int>> routes = routes_of(d, e, T);
     if (routes.empty()) continue;
     const Mat& gu = d.gu[size_t(e)];
     const Mat& dn = d.dn[size_t(e)];
@@ -609,10 +616,7 @@ Reference moe_reference(const MoeData& d) {
   for (size_t i = 0; i < xd.size(); ++i) xd[i] = fm::bf16_to_f32(d.x[i]);
 
   for (int e = 0; e < p.E; ++e) {
-    std::vector<std::pair<int, int>> routes;
-    for (int t = 0; t < T; ++t)
-      for (int j = 0; j < K; ++j)
-        if (d.ids[size_t(t * K + j)] == e) routes.push_back({t, j});
+    const std::vector<std::pair<int, int>> routes = routes_of(d, e, T);
     if (routes.empty()) continue;
     const Mat& gu = d.gu[size_t(e)];
     const Mat& dn = d.dn[size_t(e)];
