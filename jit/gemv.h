@@ -69,7 +69,7 @@ inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
   if (format == 6) return XLayout::f32;  // q8_0 without VBMI: int8 quants widened to fp32
   return XLayout::bf16;
 }
-// Layouts whose decode needs AVX512_VBMI (vpermi2b, vpmultishiftqb).
+// Layouts whose decode needs AVX512_VBMI (the vpermi2b byte tables).
 inline bool x_layout_needs_vbmi(XLayout l) { return l == XLayout::bf16_perm64; }
 inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 || l == XLayout::f32_evens_odds ? 4 : 2; }
 // Vector lanes of fp32 activations on a tier (the evens/odds group is twice this).
