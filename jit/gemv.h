@@ -95,9 +95,9 @@ inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
 }
 
 // Whether kernels of this format prefetch the weights of a call far ahead
-// (w_prefetch = a call ~kPrefetchBytes later) or only the start of the next
-// call (w_prefetch = the next call). bf16 with one token streams best on the
-// hardware prefetcher alone.
+// (w_prefetch = a call ~kPrefetchBytes later) or the next call (w_prefetch =
+// the next call, read by bf16 multi-token kernels only). bf16 with one token
+// streams best on the hardware prefetchers alone (no software prefetch).
 inline bool streams_with_prefetch(int32_t format) { return format != 0 /* bf16 */; }
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU

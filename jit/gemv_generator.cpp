@@ -68,9 +68,13 @@ constexpr int kSplit = 4;
 // total chosen by block index, see plan_of): fewer adds per block, and short
 // blocks still get independent FMA chains.
 constexpr int kBlockSplit = 2;
-// Bytes of the next call requested at the start of a call when the format
-// streams without software prefetch.
-constexpr int64_t kBridgeBytes = 16384;
+// Kernels without software prefetch (bf16, one token) stream on the hardware
+// prefetchers alone, and emit each row fully unrolled up to this many vectors:
+// every x load then reads the same address on every row. A looped row gives
+// each x load a constant 256-byte stride, which the stride prefetcher follows
+// at the cost of the weight stream (measured on Zen 4, one core, 1 GiB of bf16
+// rows: 72-88% of the read bandwidth looped, 90-96% unrolled).
+constexpr int64_t kMaxRowUnrollVectors = 256;
 
 // Lanes of the second group of a two-group block: the 64-element byte-table
 // decode and the fp32 e2m1 decode keep the first 32 (16) elements in the low
@@ -135,6 +139,9 @@ class GemvGenerator : public Generator {
         // call for bf16).
         sw_prefetch_(streams_with_prefetch(key.format) || key.tokens > 1) {
     unroll_ = scaled_ ? std::max(plan_.nt, kBlock / plan_.block) : 1;
+    const int64_t nfull = key.k / plan_.block;
+    if (!sw_prefetch_ && nfull > 0 && nfull * (plan_.block / plan_.vec_elems) <= kMaxRowUnrollVectors)
+      unroll_ = int(nfull);
   }
 
   bool generate(std::string* err) {
@@ -201,12 +208,6 @@ class GemvGenerator : public Generator {
     if (fmt_ == Format::fp8_block) emit_scales_to_stack();
     if (nib128_) reserve_row_scales();
 
-    if (!sw_prefetch_) {
-      // No stream prefetch: only start the next call's stream early, so the
-      // hardware prefetcher finds it running when the reads get there.
-      for (int64_t off = 0; off < std::min<int64_t>(kBridgeBytes, row_bytes_ * key_.rows); off += 64)
-        prefetcht1(ptr[reg_wt + reg_pfd + off]);
-    }
     Label l_row;
     mov(reg_rows, key_.rows);
     L(l_row);
