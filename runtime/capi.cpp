@@ -367,7 +367,7 @@ moejit_status moe_create(moejit_context* ctx, const moejit_moe_desc* d, moejit_m
 }
 
 moejit_status moe_submit(const char* fn, moejit_moe* moe, int32_t T, const uint16_t* x, const int32_t* ids,
-                         const float* w, void* y) {
+                         const float* w, void* y, bool sync) {
   if (!moe) return fail(MOEJIT_INVALID_ARGUMENT, fn, "moe is NULL");
   const moejit::MoeConfig& c = moe->impl->config();
   if (T < 0 || T > c.max_tokens)
@@ -385,7 +385,7 @@ moejit_status moe_submit(const char* fn, moejit_moe* moe, int32_t T, const uint1
         return fail(MOEJIT_INVALID_ARGUMENT, fn, "topk_ids[%d][%d] = %d is out of range [0, %d)", t, k, e,
                     c.experts);
     }
-  const moejit_status st = moe->impl->submit(T, x, ids, w, y);
+  const moejit_status st = moe->impl->submit(T, x, ids, w, y, sync);
   if (st == MOEJIT_BUSY)
     return fail(st, fn, "the context already has a task in flight (call moejit_context_wait)");
   return st;
@@ -527,14 +527,15 @@ void moejit_moe_destroy(moejit_moe* moe) {
 moejit_status moejit_moe_submit(moejit_moe* moe, int32_t num_tokens, const uint16_t* x,
                                 const int32_t* topk_ids, const float* topk_weights, void* y) {
   return guarded("moejit_moe_submit", [&] {
-    return moe_submit("moejit_moe_submit", moe, num_tokens, x, topk_ids, topk_weights, y);
+    return moe_submit("moejit_moe_submit", moe, num_tokens, x, topk_ids, topk_weights, y, false);
   });
 }
 
 moejit_status moejit_moe_forward(moejit_moe* moe, int32_t num_tokens, const uint16_t* x,
                                  const int32_t* topk_ids, const float* topk_weights, void* y) {
   return guarded("moejit_moe_forward", [&] {
-    const moejit_status st = moe_submit("moejit_moe_forward", moe, num_tokens, x, topk_ids, topk_weights, y);
+    const moejit_status st =
+        moe_submit("moejit_moe_forward", moe, num_tokens, x, topk_ids, topk_weights, y, true);
     if (st == MOEJIT_OK && num_tokens > 0) moe->impl->context().wait();
     return st;
   });
@@ -573,7 +574,7 @@ moejit_status moejit_linear_forward(moejit_linear* linear, int32_t num_tokens, c
     if (num_tokens == 0) return MOEJIT_OK;
     if (!x) return fail(MOEJIT_INVALID_ARGUMENT, fn, "x is NULL");
     if (!y) return fail(MOEJIT_INVALID_ARGUMENT, fn, "y is NULL");
-    const moejit_status st = linear->impl->submit(num_tokens, x, y);
+    const moejit_status st = linear->impl->submit(num_tokens, x, y, true);
     if (st == MOEJIT_BUSY)
       return fail(st, fn, "the context already has a task in flight (call moejit_context_wait)");
     if (st == MOEJIT_OK) linear->impl->context().wait();

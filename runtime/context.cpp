@@ -4,7 +4,12 @@ namespace moejit {
 
 Context::Context(int num_threads, const std::vector<int>& cpus, jit::Isa isa, uint32_t flags, bool dedup,
                  bool dedup_debug)
-    : pool_(num_threads, cpus), isa_(isa), flags_(flags), dedup_(dedup), dedup_debug_(dedup_debug) {}
+    : pool_(num_threads, cpus),
+      isa_(isa),
+      flags_(flags),
+      dedup_(dedup),
+      dedup_debug_(dedup_debug),
+      pinned_(!cpus.empty()) {}
 
 bool Context::try_acquire(const void* owner) {
   uint32_t expected = kIdle;
@@ -13,8 +18,8 @@ bool Context::try_acquire(const void* owner) {
   return true;
 }
 
-void Context::launch(const Job* job) {
-  pool_.start(job);
+void Context::launch(const Job* job, bool sync) {
+  pool_.start(job, sync && !pinned_);
   state_.store(kLaunched, std::memory_order_release);
   state_.notify_all();
 }

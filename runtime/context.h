@@ -25,8 +25,10 @@ class Context {
 
   // Claims the context for one task; false when one is already in flight.
   bool try_acquire(const void* owner);
-  // Runs an acquired job on the pool (returns at once).
-  void launch(const Job* job);
+  // Runs an acquired job on the pool. With `sync` (the caller waits next) and no
+  // pinned workers, the calling thread runs participant 0 before returning;
+  // otherwise it returns at once.
+  void launch(const Job* job, bool sync);
   // Gives an acquired context back without running anything.
   void release();
   // Waits for the task in flight, if any, and releases the context.
@@ -40,6 +42,7 @@ class Context {
   uint32_t flags_;
   bool dedup_;
   bool dedup_debug_;
+  bool pinned_;  // cpu_ids given: every participant is a pinned pool thread
   enum : uint32_t { kIdle = 0, kAcquired = 1, kLaunched = 2 };
   std::atomic<uint32_t> state_{kIdle};
   std::atomic<const void*> owner_{nullptr};  // the object whose task is in flight

@@ -54,7 +54,7 @@ LinearLayer::~LinearLayer() {
   if (ctx_) ctx_->wait_if_owner(this);
 }
 
-moejit_status LinearLayer::submit(int32_t T, const uint16_t* x, void* y) {
+moejit_status LinearLayer::submit(int32_t T, const uint16_t* x, void* y, bool sync) {
   if (!ctx_->try_acquire(this)) return MOEJIT_BUSY;
   tokens_ = T;
   y_ = y;
@@ -68,7 +68,7 @@ moejit_status LinearLayer::submit(int32_t T, const uint16_t* x, void* y) {
     mm_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, xt);
   }
   job_.counts[0] = nblk_;
-  ctx_->launch(&job_);
+  ctx_->launch(&job_, sync);
   return MOEJIT_OK;
 }
 

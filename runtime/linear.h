@@ -28,7 +28,8 @@ class LinearLayer {
   static moejit_status create(std::shared_ptr<Context> ctx, const LinearConfig& cfg, const moejit_matrix& w,
                               std::unique_ptr<LinearLayer>* out, std::string* err);
   ~LinearLayer();
-  moejit_status submit(int32_t num_tokens, const uint16_t* x, void* y);
+  // `sync`: the caller is about to wait, so it may run a share of the work itself.
+  moejit_status submit(int32_t num_tokens, const uint16_t* x, void* y, bool sync);
   Context& context() { return *ctx_; }
   const LinearConfig& config() const { return cfg_; }
 

@@ -136,7 +136,7 @@ uint64_t MoeLayer::expert_bytes() const {
 }
 
 moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids, const float* weights,
-                               void* y) {
+                               void* y, bool sync) {
   if (!ctx_->try_acquire(this)) return MOEJIT_BUSY;
   const int32_t K = cfg_.top_k;
   tokens_ = T;
@@ -198,7 +198,7 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
 
   job_.counts[0] = int64_t(groups_) * nblk1_;
   job_.counts[1] = nblk2_;
-  ctx_->launch(&job_);
+  ctx_->launch(&job_, sync);
   return MOEJIT_OK;
 }
 

@@ -49,8 +49,9 @@ class MoeLayer {
   ~MoeLayer();
 
   // Arguments are already validated. Returns BUSY when the context has a task in flight.
+  // `sync`: the caller is about to wait, so it may run a share of the work itself.
   moejit_status submit(int32_t num_tokens, const uint16_t* x, const int32_t* ids, const float* weights,
-                       void* y);
+                       void* y, bool sync);
   Context& context() { return *ctx_; }
   moejit_moe_stats stats() const;
   const MoeConfig& config() const { return cfg_; }

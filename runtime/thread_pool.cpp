@@ -25,6 +25,9 @@ inline void cpu_relax() {
 constexpr auto kSpinWorker = std::chrono::microseconds(50);
 constexpr auto kSpinWaiter = std::chrono::microseconds(5);
 
+// Default rounding, no FTZ/DAZ: results never depend on the caller's MXCSR.
+constexpr unsigned int kWorkerCsr = 0x1F80;
+
 }  // namespace
 
 ThreadPool::ThreadPool(int n, const std::vector<int>& cpus) {
@@ -44,6 +47,8 @@ ThreadPool::~ThreadPool() {
   stop_.store(1, std::memory_order_release);
   epoch_.fetch_add(1, std::memory_order_release);
   epoch_.notify_all();
+  async_epoch_.fetch_add(1, std::memory_order_release);
+  async_epoch_.notify_all();
   for (auto& t : threads_) t.join();
 }
 
@@ -57,15 +62,30 @@ void ThreadPool::spin_wait(const std::atomic<uint32_t>& a, uint32_t old, std::ch
   while (a.load(std::memory_order_acquire) == old) a.wait(old, std::memory_order_acquire);
 }
 
-void ThreadPool::start(const Job* job) {
+void ThreadPool::start(const Job* job, bool caller_joins) {
   job_ = job;
   for (auto& p : phases_) {
     p.arrived.store(0, std::memory_order_relaxed);
     p.done.store(0, std::memory_order_relaxed);
   }
   finished_.store(0, std::memory_order_relaxed);
-  epoch_.fetch_add(1, std::memory_order_release);
-  epoch_.notify_all();
+  if (size() > 1) {
+    epoch_.fetch_add(1, std::memory_order_release);
+    epoch_.notify_all();
+  }
+  if (!caller_joins) {
+    async_epoch_.fetch_add(1, std::memory_order_release);
+    async_epoch_.notify_one();
+    return;
+  }
+#if defined(__x86_64__)
+  const unsigned int csr = _mm_getcsr();
+  _mm_setcsr(kWorkerCsr);
+#endif
+  run_job(*job, 0);
+#if defined(__x86_64__)
+  _mm_setcsr(csr);
+#endif
 }
 
 void ThreadPool::wait() { spin_wait(finished_, 0, kSpinWaiter); }
@@ -109,12 +129,14 @@ void ThreadPool::worker_main(int id, int cpu) {
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
   }
 #if defined(__x86_64__)
-  _mm_setcsr(0x1F80);  // default rounding, no FTZ/DAZ: results never depend on the caller's MXCSR
+  _mm_setcsr(kWorkerCsr);
 #endif
+  // Thread 0 is participant 0 of asynchronous jobs only; the others take part in every job.
+  std::atomic<uint32_t>& epoch = id == 0 ? async_epoch_ : epoch_;
   uint32_t seen = 0;
   for (;;) {
-    spin_wait(epoch_, seen, kSpinWorker);
-    seen = epoch_.load(std::memory_order_acquire);
+    spin_wait(epoch, seen, kSpinWorker);
+    seen = epoch.load(std::memory_order_acquire);
     if (stop_.load(std::memory_order_acquire)) return;
     run_job(*job_, id);
   }

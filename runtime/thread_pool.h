@@ -1,8 +1,13 @@
 // Persistent worker pool running one job at a time. A job is a short list of
 // phases; each phase is a count of independent items of equal cost, split into
-// contiguous ranges, one per worker; phases are separated by a barrier. Workers spin briefly, then
-// park on a futex, so back-to-back layers skip the sleep/wake round trip.
-// Starting and waiting allocate nothing and hold no lock while the pool runs.
+// contiguous ranges, one per participant; phases are separated by a barrier.
+// A job has n participants (n = size()). Participants 1..n-1 are always pool
+// threads; participant 0 is either the calling thread (a synchronous call: no
+// hand-off and no wake-up on the caller's side, so one participant never waits
+// for a sleeping thread) or pool thread 0 (an asynchronous call). Workers spin
+// briefly, then park on a futex, so back-to-back layers skip the sleep/wake
+// round trip. Starting and waiting allocate nothing and hold no lock while the
+// pool runs.
 #pragma once
 
 #include <atomic>
@@ -30,8 +35,10 @@ class ThreadPool {
   bool ok() const { return ok_; }
   int size() const { return int(threads_.size()); }
 
-  // Hands the job to the workers and returns. The job must stay valid until wait().
-  void start(const Job* job);
+  // Hands the job to the workers. With `caller_joins` the calling thread runs
+  // participant 0 before returning (under the workers' MXCSR); otherwise it
+  // returns at once. The job must stay valid until wait().
+  void start(const Job* job, bool caller_joins);
   // Blocks until the started job has finished.
   void wait();
 
@@ -43,7 +50,8 @@ class ThreadPool {
   std::vector<std::thread> threads_;
   bool ok_ = true;
   const Job* job_ = nullptr;
-  std::atomic<uint32_t> epoch_{0};  // bumped per job
+  std::atomic<uint32_t> epoch_{0};        // bumped per job: wakes threads 1..n-1
+  std::atomic<uint32_t> async_epoch_{0};  // bumped per job without the caller: wakes thread 0
   std::atomic<uint32_t> stop_{0};
   struct alignas(64) PhaseState {
     std::atomic<int32_t> arrived{0};

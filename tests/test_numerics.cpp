@@ -7,6 +7,7 @@
 // moejit_context_isa; tiers above the host are skipped with a message.
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <xmmintrin.h>
 
 #include <cmath>
 #include <cstring>
@@ -578,6 +579,42 @@ TEST_P(TierTest, DeterministicAcrossThreadCounts) {
           << "linear " << moejit_format_name(fmt) << ": " << v.name << " differs from 1 thread, tier "
           << moejit_isa_name(tier_);
     }
+  }
+}
+
+// forward runs a share of the work on the calling thread: the caller's MXCSR
+// (round toward zero, FTZ, DAZ) must neither change the bits nor be left
+// changed. Every participant runs under the default MXCSR.
+TEST_P(TierTest, CallerMxcsrNeverReachesResults) {
+  constexpr unsigned kOdd = 0x1F80u | 0x6000u /* RZ */ | 0x8000u /* FTZ */ | 0x0040u /* DAZ */;
+  MoeProblem p = moe("mxcsr", FP8, SB, 640, 384, 8, 4, MOEJIT_ACT_SILU, Fill::random, 63);
+  p.max_tokens = 4;
+  p.bias = true;
+  p.out = MOEJIT_DTYPE_F32;
+  const MoeData d = make_moe(p);
+  LinearProblem lp = lin("mxcsr_linear", FP8, SF, 300, 900, MOEJIT_DTYPE_F32, true, 0, 64);
+  lp.max_tokens = 3;
+  const LinearData ld = make_linear(lp);
+  for (int threads : {1, 2}) {
+    CtxPtr ctx = make_ctx(tier_, threads);
+    ASSERT_TRUE(ctx);
+    MoePtr m = make_moe_obj(ctx.get(), d);
+    ASSERT_TRUE(m);
+    LinearPtr l = make_linear_obj(ctx.get(), ld.desc(), lp.name);
+    ASSERT_TRUE(l);
+    const std::vector<uint8_t> want = moe_call(m.get(), d, 4);
+    const std::vector<uint8_t> want_lin = linear_call(l.get(), ld, 3);
+    const unsigned saved = _mm_getcsr();
+    _mm_setcsr(kOdd);
+    const std::vector<uint8_t> got = moe_call(m.get(), d, 4);
+    const unsigned after_moe = _mm_getcsr();
+    const std::vector<uint8_t> got_lin = linear_call(l.get(), ld, 3);
+    const unsigned after_lin = _mm_getcsr() & ~0x3Fu;  // without the sticky exception flags
+    _mm_setcsr(saved);
+    EXPECT_EQ(kOdd, after_moe & ~0x3Fu) << "moe forward changed the caller's MXCSR";
+    EXPECT_EQ(kOdd, after_lin) << "linear forward changed the caller's MXCSR";
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size())) << threads << " threads";
+    EXPECT_EQ(0, std::memcmp(want_lin.data(), got_lin.data(), want_lin.size())) << threads << " threads";
   }
 }
 
