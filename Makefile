@@ -50,8 +50,8 @@ test: build
 ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 SAN_TYPE ?= RelWithDebInfo
-TSAN_TARGETS := test_numerics test_dedup test_reliability_concurrency
-TSAN_TESTS := Async\.|Stats\.|Dedup\.|Deterministic|Concurrency\.
+TSAN_TARGETS := test_numerics test_dedup test_reliability_concurrency test_thread_pool
+TSAN_TESTS := Async\.|Stats\.|Dedup\.|Deterministic|Concurrency\.|ThreadPool\.
 check: deps pyenv
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=$(SAN_TYPE) -DMOEJIT_SANITIZE=address,undefined -DMOEJIT_BUILD_BENCH=OFF \
 	  -DMOEJIT_TEST_PYTHON=$(TEST_PYTHON)
