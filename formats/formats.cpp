@@ -28,18 +28,6 @@ static float bits_to_f32(uint32_t u) {
   return f;
 }
 
-float bf16_to_f32(uint16_t v) { return bits_to_f32(uint32_t(v) << 16); }
-
-uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN, sign kept
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
-float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
-
 float fp16_to_f32(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000u) << 16;
   const uint32_t exp = (h >> 10) & 0x1Fu;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace moejit::formats {
 
@@ -28,9 +29,22 @@ const char* format_name(Format f);
 Format kernel_format(Format f);
 
 // ---- element decoders (formats.md "Element encodings") ----
-float bf16_to_f32(uint16_t v);
-uint16_t f32_to_bf16(float f);  // round to nearest even, NaN stays NaN
-float round_bf16(float f);      // f32 -> bf16 -> f32
+// The bf16 conversions are inline: the layers' epilogues call them per element.
+inline float bf16_to_f32(uint16_t v) {
+  const uint32_t u = uint32_t(v) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// Round to nearest even, NaN stays NaN (quiet, sign kept).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }  // f32 -> bf16 -> f32
 float fp16_to_f32(uint16_t h);
 float e4m3_to_f32(uint8_t b);  // 0x7F/0xFF decode to +-480
 float e5m2_to_f32(uint8_t b);
