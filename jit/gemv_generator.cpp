@@ -169,7 +169,9 @@ class GemvGenerator : public Generator {
   const Reg64 reg_rows = r12;  // row counter (callee-saved)
   const Reg64 reg_pfd = r13;   // w_prefetch - w: prefetch distance (callee-saved)
   const Reg64 reg_stab = r14;  // byte scale -> fp32 table (callee-saved)
-  const Reg64 reg_g = r15;     // nvfp4 per-row global of the current row (callee-saved)
+  const Reg64 reg_g = r15;     // nvfp4 per-row globals of the current row group (callee-saved)
+  const Reg64 reg_st = rdi;    // stash slot of the current row (reg_args, free after the prologue)
+  const Reg64 reg_rg = rbp;    // rows left in the current row group (callee-saved)
   const Opmask k_tail = k1;
   const Opmask k_sub = k2;
   const Opmask k_grp2 = k3;
@@ -196,6 +198,7 @@ class GemvGenerator : public Generator {
     push(reg_pfd);
     push(reg_stab);
     push(reg_g);
+    push(reg_rg);
     mov(reg_wt, ptr[reg_args + offsetof(GemvArgs, w)]);
     mov(reg_pfd, ptr[reg_args + offsetof(GemvArgs, w_prefetch)]);
     sub(reg_pfd, reg_wt);
@@ -205,24 +208,40 @@ class GemvGenerator : public Generator {
     mov(reg_x0, ptr[reg_args + offsetof(GemvArgs, x)]);
     mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
     emit_constants();
+    sub(rsp, stash_bytes());
     if (fmt_ == Format::fp8_block) emit_scales_to_stack();
     if (nib128_) reserve_row_scales();
 
-    Label l_row;
+    // Rows in groups of group_rows(): each row leaves its total vectors in the
+    // stash, and each group's horizontal sums run together (see reduce_group).
+    Label l_row, l_next;
+    const int rem = int(key_.rows % group_rows());
     mov(reg_rows, key_.rows);
+    lea(reg_st, ptr[rsp + stash_off()]);
+    mov(reg_rg, group_rows());
     L(l_row);
     emit_row();
     add(reg_wt, row_bytes_);
     if (byte_scales(fmt_)) add(reg_s0, key_.scale_stride);  // one scale row per weight row
-    if (fmt_ == Format::nvfp4) add(reg_g, 4);
-    add(reg_y, 4);
+    add(reg_st, key_.tokens * vbytes());
+    dec(reg_rg);
+    jnz(l_next, T_NEAR);
+    if (key_.rows >= group_rows()) {
+      reduce_group(group_rows());
+      lea(reg_st, ptr[rsp + stash_off()]);
+      mov(reg_rg, group_rows());
+    }
+    L(l_next);
     dec(reg_rows);
     jnz(l_row, T_NEAR);
+    if (rem > 0) reduce_group(rem);
 
     phase("epilogue");
     if (fmt_ == Format::fp8_block) add(rsp, scale_stack_bytes());
     if (nib128_) add(rsp, row_scale_stack_bytes());
+    add(rsp, stash_bytes());
     vzeroupper();
+    pop(reg_rg);
     pop(reg_g);
     pop(reg_stab);
     pop(reg_pfd);
@@ -280,10 +299,14 @@ class GemvGenerator : public Generator {
   }
 
   void emit_data() {
-    const bool blend = is_e4m3(fmt_) && isa_ == Isa::avx512_bf16 && !vbmi_lut_;
-    if (!vbmi_lut_ && !blend && !byte_scales(fmt_) && fmt_ != Format::q4_0) return;
     phase("data");
     align(64);
+    L(l_hsum_idx_);  // lane of row j after reduce_group's tree
+    for (int j = 0; j < group_rows(); ++j)
+      dd(uint32_t(group_rows() == 16 ? 4 * (j % 4) + j / 4 : 4 * (j % 2) + j / 2));
+    align(64);
+    const bool blend = is_e4m3(fmt_) && isa_ == Isa::avx512_bf16 && !vbmi_lut_;
+    if (!vbmi_lut_ && !blend && !byte_scales(fmt_) && fmt_ != Format::q4_0) return;
     if (nib128_) {
       // vpermw reads 5 index bits; bit 4 is the next nibble's low bit, so the 16
       // entries appear twice.
@@ -410,7 +433,105 @@ class GemvGenerator : public Generator {
       sum_tots();
     else
       sum_accs();
-    emit_store();
+    stash_row();
+  }
+
+  // ---- row groups and their horizontal sums ----
+  // A group is one vector's worth of rows (16 or 8). Each row stores its
+  // per-token total vector in the stash; reduce_group then sums a group's
+  // vectors together with shuffles: 45 instructions for 16 rows instead of 9
+  // per row. Every row's lanes are added in the same pairs as a per-row
+  // extract-and-add tree (lane i + lane i + 8, then i + 4, i + 2, i + 1), so the
+  // sums are those of that tree.
+  int group_rows() const { return tt_.vec_bytes / 4; }
+  int vbytes() const { return tt_.vec_bytes; }
+  // G rows x tokens vectors, then one vector to spill a partial group's sums.
+  int stash_bytes() const { return (group_rows() * key_.tokens + 1) * vbytes(); }
+  int stash_off() const {
+    return (fmt_ == Format::fp8_block ? scale_stack_bytes() : 0) + (nib128_ ? row_scale_stack_bytes() : 0);
+  }
+  int spill_off() const { return stash_off() + group_rows() * key_.tokens * vbytes(); }
+  Address stash_slot(int row, int m) const {
+    return ptr[rsp + stash_off() + (row * key_.tokens + m) * vbytes()];
+  }
+
+  // The row's total vector of each token into its stash slot; the fp16
+  // widening's 2^-8 is undone here.
+  void stash_row() {
+    const bool fp16_trick = (is_e4m3(fmt_) && fma_f32_) || (nib128_ && fmt_ == Format::nvfp4);
+    if (fp16_trick) broadcast_u32(v_scale(), 0x43800000u, reg_tmp.cvt32());  // 256.0f
+    for (int m = 0; m < key_.tokens; ++m) {
+      if (fp16_trick) {
+        vmulps(v_w(), tot(m), v_scale());
+        vmovups(ptr[reg_st + m * vbytes()], v_w());
+      } else {
+        vmovups(ptr[reg_st + m * vbytes()], tot(m));
+      }
+    }
+  }
+
+  // Sums of the group's first n rows to y[m * rows + r] (nvfp4: times each
+  // row's global). Rows n.. of a partial group enter the tree as zeros.
+  void reduce_group(int n) {
+    phase("reduce");
+    const int G = group_rows();
+    auto in = [&](int i) { return vec(tt_.acc_first + i); };  // G inputs: accumulator registers
+    const Xmm t0 = v_w(0), t1 = v_w(1), idx = v_t(0);
+    vmovups(idx, ptr[rip + l_hsum_idx_]);
+    for (int m = 0; m < key_.tokens; ++m) {
+      for (int i = 0; i < G; ++i) {
+        if (i < n)
+          vmovups(in(i), stash_slot(i, m));
+        else
+          vxorps(in(i), in(i), in(i));
+      }
+      // Level l pairs inputs (2j, 2j + 1) into input j: first the upper and
+      // lower halves of each vector, then quarters (zmm), then pairs of lanes,
+      // then neighbouring lanes.
+      for (int cnt = G, level = 0; cnt > 1; cnt /= 2, ++level) {
+        for (int j = 0; j < cnt / 2; ++j) {
+          const Xmm a = in(2 * j), b = in(2 * j + 1);
+          const bool zmm = G == 16;
+          const int last = zmm ? 3 : 2;  // index of the neighbouring-lanes level
+          if (level == 0 && zmm) {
+            vshuff64x2(Zmm(t0.getIdx()), Zmm(a.getIdx()), Zmm(b.getIdx()), 0x44);  // [a lo256 | b lo256]
+            vshuff64x2(Zmm(t1.getIdx()), Zmm(a.getIdx()), Zmm(b.getIdx()), 0xEE);  // [a hi256 | b hi256]
+          } else if (level == 0) {
+            vperm2f128(Ymm(t0.getIdx()), Ymm(a.getIdx()), Ymm(b.getIdx()), 0x20);  // [a lo128 | b lo128]
+            vperm2f128(Ymm(t1.getIdx()), Ymm(a.getIdx()), Ymm(b.getIdx()), 0x31);  // [a hi128 | b hi128]
+          } else if (level == 1 && zmm) {
+            vshuff32x4(Zmm(t0.getIdx()), Zmm(a.getIdx()), Zmm(b.getIdx()), 0x88);  // 128-bit lanes 0, 2
+            vshuff32x4(Zmm(t1.getIdx()), Zmm(a.getIdx()), Zmm(b.getIdx()), 0xDD);  // 128-bit lanes 1, 3
+          } else if (level < last) {
+            vshufps(t0, a, b, 0x44);  // elements 0, 1 of each 128-bit lane
+            vshufps(t1, a, b, 0xEE);  // elements 2, 3
+          } else {
+            vshufps(t0, a, b, 0x88);  // elements 0, 2
+            vshufps(t1, a, b, 0xDD);  // elements 1, 3
+          }
+          vaddps(in(j), t0, t1);
+        }
+      }
+      // Lane 4q + p of the result holds row q + 4p (zmm) or 2p + q (ymm).
+      if (G == 16)
+        vpermps(Zmm(in(0).getIdx()), Zmm(idx.getIdx()), Zmm(in(0).getIdx()));
+      else
+        vpermps(Ymm(in(0).getIdx()), Ymm(idx.getIdx()), Ymm(in(0).getIdx()));
+      if (n == G) {
+        if (fmt_ == Format::nvfp4) vmulps(in(0), in(0), ptr[reg_g]);
+        vmovups(ptr[reg_y + m * key_.rows * 4], in(0));
+      } else {
+        vmovups(ptr[rsp + spill_off()], in(0));
+        const Xmm x0 = Xmm(t0.getIdx());
+        for (int i = 0; i < n; ++i) {
+          vmovss(x0, ptr[rsp + spill_off() + i * 4]);
+          if (fmt_ == Format::nvfp4) vmulss(x0, x0, ptr[reg_g + i * 4]);
+          vmovss(ptr[reg_y + m * key_.rows * 4 + i * 4], x0);
+        }
+      }
+    }
+    add(reg_y, n * 4);
+    if (fmt_ == Format::nvfp4) add(reg_g, n * 4);
   }
 
   // fp8_block: one scale row serves every row of the call; widen it to fp32 on
@@ -867,33 +988,6 @@ class GemvGenerator : public Generator {
     for (int m = 0; m < key_.tokens; ++m) vfmadd231ps(tot(m, ti), acc(m, 0), v_scale());
   }
 
-  // Horizontal sums to y[m * rows + r]; the fp16 widening's 2^-8 is undone here,
-  // and nvfp4's per-row global applied.
-  void emit_store() {
-    const bool fp16_trick = (is_e4m3(fmt_) && fma_f32_) || (nib128_ && fmt_ == Format::nvfp4);
-    if (fp16_trick) broadcast_u32(v_scale(), 0x43800000u, reg_tmp.cvt32());  // 256.0f
-    const Xmm x0 = Xmm(0), x1 = Xmm(1);
-    const Ymm y0 = Ymm(0), y1 = Ymm(1);
-    for (int m = 0; m < key_.tokens; ++m) {
-      if (fp16_trick)
-        vmulps(v_w(), tot(m), v_scale());
-      else
-        vmovaps(v_w(), tot(m));
-      if (tt_.vec_bytes == 64) {
-        vextractf64x4(y1, Zmm(0), 1);
-        vaddps(y0, y0, y1);
-      }
-      vextractf128(x1, y0, 1);
-      vaddps(x0, x0, x1);
-      vmovhlps(x1, x1, x0);
-      vaddps(x0, x0, x1);
-      vmovshdup(x1, x0);
-      vaddss(x0, x0, x1);
-      if (fmt_ == Format::nvfp4) vmulss(x0, x0, ptr[reg_g]);
-      vmovss(ptr[reg_y + m * key_.rows * 4], x0);
-    }
-  }
-
   KernelKey key_;
   Format fmt_;
   Isa isa_;
@@ -916,6 +1010,7 @@ class GemvGenerator : public Generator {
   int ds_ = 0;           // scales
   int64_t pf_next_ = 0;  // next line offset of the current region to prefetch
   int64_t pf_span_ = 0;  // bytes the current region reads
+  Label l_hsum_idx_;     // vpermps index putting a row group's sums in row order
   Label l_sub_tbl_;
   Label l_lut_;
   Label l_stab_;
