@@ -40,4 +40,19 @@ inline float activate(const ActivationParams& p, float gate, float up) {
   return 0.0f;
 }
 
+// out[i] = round_bf16(activate(p, gate[i], up[i])) for n values (out may be
+// gate): the same arithmetic per element, with the activation chosen once.
+template <typename Round>
+inline void activate_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
+                       Round round) {
+  switch (p.kind) {
+    case MOEJIT_ACT_SILU:
+      for (int64_t i = 0; i < n; ++i) out[i] = round(gate[i] * sigmoidf(gate[i]) * up[i]);
+      return;
+    default:
+      for (int64_t i = 0; i < n; ++i) out[i] = round(activate(p, gate[i], up[i]));
+      return;
+  }
+}
+
 }  // namespace moejit

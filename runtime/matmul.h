@@ -55,6 +55,30 @@ class Matmul {
     else
       static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, k)] = formats::f32_to_bf16(v);
   }
+  // Writes activations k0 .. k0 + n - 1 (values exact in bf16) of one prepared vector.
+  void x_store_n(void* vec, int64_t k0, const float* v, int64_t n) const {
+    switch (xlayout_) {
+      case jit::XLayout::f32:
+        for (int64_t i = 0; i < n; ++i) static_cast<float*>(vec)[k0 + i] = v[i];
+        return;
+      case jit::XLayout::f32_evens_odds:
+        for (int64_t i = 0; i < n; ++i)
+          static_cast<float*>(vec)[jit::x_position(xlayout_, k0 + i, isa_)] = v[i];
+        return;
+      case jit::XLayout::bf16:
+        for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(vec)[k0 + i] = formats::f32_to_bf16(v[i]);
+        return;
+      case jit::XLayout::bf16_perm64:
+        for (int64_t i = 0; i < n; ++i)
+          static_cast<uint16_t*>(vec)[jit::x_position(jit::XLayout::bf16_perm64, k0 + i)] =
+              formats::f32_to_bf16(v[i]);
+        return;
+      default:
+        for (int64_t i = 0; i < n; ++i)
+          static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, k0 + i)] = formats::f32_to_bf16(v[i]);
+        return;
+    }
+  }
   // Prepares one activation vector from K bf16 values.
   void x_prepare(void* vec, const uint16_t* src) const;
   size_t scratch_floats() const { return size_t(max_seg_) * size_t(max_m_ > 0 ? max_m_ : 1); }

@@ -273,28 +273,33 @@ void MoeLayer::pass1(int64_t item, int worker) {
     const int32_t r = first + m;
     const float rw = cfg_.weight_on_input ? weights_[route_slot_[size_t(r)]] : 1.0f;
     void* g = g_grp_.data() + size_t(r) * gvec;
-    for (int64_t i = 0; i < n; ++i) {
-      float gv = gate[int64_t(m) * n + i], uv = up[int64_t(m) * n + i];
-      if (cfg_.weight_on_input) {
-        gv *= rw;
-        uv *= rw;
+    float* gt = gate + int64_t(m) * n;  // this route's gate and up values, updated in place
+    float* ut = up + int64_t(m) * n;
+    if (cfg_.weight_on_input) {
+      for (int64_t i = 0; i < n; ++i) {
+        gt[i] *= rw;
+        ut[i] *= rw;
       }
-      if (bias) {
+    }
+    if (bias) {
+      for (int64_t i = 0; i < n; ++i) {
         const int64_t rg = cfg_.interleaved ? 2 * (j0 + i) : j0 + i;
         const int64_t ru = cfg_.interleaved ? 2 * (j0 + i) + 1 : I + j0 + i;
-        gv += formats::bf16_to_f32(bias[rg]);
-        uv += formats::bf16_to_f32(bias[ru]);
+        gt[i] += formats::bf16_to_f32(bias[rg]);
+        ut[i] += formats::bf16_to_f32(bias[ru]);
       }
-      if (ds_)
-        gq[i] = formats::f32_to_bf16(activate(cfg_.act, formats::round_bf16(gv), formats::round_bf16(uv)));
-      else
-        mm_dn_.x_store(g, j0 + i, formats::round_bf16(activate(cfg_.act, gv, uv)));
     }
-    if (ds_) {
-      // j0 is a multiple of 128 and n <= 128: gq is exactly one 128-block of g.
-      formats::ds_act_roundtrip(gq, n, gq);
-      for (int64_t i = 0; i < n; ++i) mm_dn_.x_store(g, j0 + i, formats::bf16_to_f32(gq[i]));
+    if (!ds_) {
+      activate_n(cfg_.act, gt, ut, gt, n, [](float v) { return formats::round_bf16(v); });
+      mm_dn_.x_store_n(g, j0, gt, n);
+      continue;
     }
+    for (int64_t i = 0; i < n; ++i)
+      gq[i] =
+          formats::f32_to_bf16(activate(cfg_.act, formats::round_bf16(gt[i]), formats::round_bf16(ut[i])));
+    // j0 is a multiple of 128 and n <= 128: gq is exactly one 128-block of g.
+    formats::ds_act_roundtrip(gq, n, gq);
+    for (int64_t i = 0; i < n; ++i) mm_dn_.x_store(g, j0 + i, formats::bf16_to_f32(gq[i]));
   }
 }
 
