@@ -20,6 +20,16 @@ const char* format_name(Format f) {
   return "unknown";
 }
 
+bool format_from_name(const char* name, Format* out) {
+  for (int32_t f = 0; f <= kMaxFormatId; ++f) {
+    if (std::strcmp(name, format_name(Format(f))) == 0) {
+      *out = Format(f);
+      return true;
+    }
+  }
+  return false;
+}
+
 Format kernel_format(Format f) { return f == Format::ds_fp4 ? Format::mxfp4 : f; }
 
 static float bits_to_f32(uint32_t u) {

@@ -24,6 +24,8 @@ constexpr int32_t kMaxFormatId = 8;
 enum class ScaleDtype : int32_t { bf16 = 0, f32 = 1 };
 
 const char* format_name(Format f);
+// The format whose format_name() is `name` (exact match); false if none.
+bool format_from_name(const char* name, Format* out);
 // The format whose kernels compute this format's dot products: ds_fp4 runs the
 // mxfp4 kernels (same bytes; its extra activation numerics live in runtime/).
 Format kernel_format(Format f);

@@ -659,3 +659,17 @@ TEST(Traits, FormatNamesAndIds) {
   EXPECT_EQ(fm::scale_elem_bytes(fm::Format::fp8_block, fm::ScaleDtype::f32), 4);
   EXPECT_EQ(fm::scale_elem_bytes(fm::Format::fp8_block, fm::ScaleDtype::bf16), 2);
 }
+
+// format_from_name inverts format_name for every id and rejects anything else.
+TEST(Traits, FormatFromNameInvertsFormatName) {
+  for (int32_t id = 0; id <= fm::kMaxFormatId; ++id) {
+    fm::Format f = fm::Format(-1);
+    ASSERT_TRUE(fm::format_from_name(fm::format_name(fm::Format(id)), &f)) << id;
+    EXPECT_EQ(id, int32_t(f));
+  }
+  fm::Format f = fm::Format::q8_0;
+  for (const char* bad : {"", "BF16", "fp8", "bf16 ", "unknown", "5"}) {
+    EXPECT_FALSE(fm::format_from_name(bad, &f)) << bad;
+    EXPECT_EQ(fm::Format::q8_0, f) << "output written for " << bad;
+  }
+}

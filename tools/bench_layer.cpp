@@ -92,13 +92,10 @@ const std::vector<moejit_format>& all_formats() {
 const char* format_label(moejit_format f) { return fmt::format_name(to_fmt(f)); }
 
 bool parse_format(const std::string& name, moejit_format* out) {
-  for (moejit_format f : all_formats()) {
-    if (name == format_label(f)) {
-      *out = f;
-      return true;
-    }
-  }
-  return false;
+  fmt::Format f;
+  if (!fmt::format_from_name(name.c_str(), &f)) return false;
+  *out = static_cast<moejit_format>(f);
+  return true;
 }
 
 MatrixBytes matrix_bytes(moejit_format f, const Geometry& g, int64_t rows, int64_t k) {

@@ -34,8 +34,10 @@ struct Failure {
 [[noreturn]] void fail(int code, const std::string& why) { throw Failure{code, why}; }
 
 Format parse_format(const std::string& s) {
-  for (int32_t f = 0; f <= moejit::formats::kMaxFormatId; ++f)
-    if (s == moejit::formats::format_name(Format(f)) || s == std::to_string(f)) return Format(f);
+  Format f;
+  if (moejit::formats::format_from_name(s.c_str(), &f)) return f;
+  for (int32_t id = 0; id <= moejit::formats::kMaxFormatId; ++id)
+    if (s == std::to_string(id)) return Format(id);
   fail(2, "--format " + s + " is not a format name or id (bf16, fp8_block, ... or 0.." +
               std::to_string(moejit::formats::kMaxFormatId) + ")");
 }
