@@ -51,9 +51,11 @@ float fp16_to_f32(uint16_t h) {
 }
 
 float e4m3_to_f32(uint8_t b) {
-  const int exp = (b >> 3) & 0xF;
-  const int man = b & 0x7;
-  const float mag = exp == 0 ? std::ldexp(float(man), -9) : std::ldexp(float(8 + man), exp - 10);
+  const uint32_t exp = (b >> 3) & 0xFu;
+  const uint32_t man = b & 0x7u;
+  // Subnormal: man * 2^-9 (exact). Normal: (8 + man) * 2^(exp - 10), i.e. fp32
+  // exponent exp + 120 with the 3 mantissa bits on top (0x7F gives 480).
+  const float mag = exp == 0 ? float(man) * 0x1p-9f : bits_to_f32((exp + 120u) << 23 | man << 20);
   return (b & 0x80) ? -mag : mag;
 }
 
