@@ -477,6 +477,8 @@ class GemvGenerator : public Generator {
     const int G = group_rows();
     auto in = [&](int i) { return vec(tt_.acc_first + i); };  // G inputs: accumulator registers
     const Xmm t0 = v_w(0), t1 = v_w(1), idx = v_t(0);
+    const bool zmm = G == 16;
+    const int last = zmm ? 3 : 2;  // index of the neighbouring-lanes level
     vmovups(idx, ptr[rip + l_hsum_idx_]);
     for (int m = 0; m < key_.tokens; ++m) {
       for (int i = 0; i < G; ++i) {
@@ -491,8 +493,6 @@ class GemvGenerator : public Generator {
       for (int cnt = G, level = 0; cnt > 1; cnt /= 2, ++level) {
         for (int j = 0; j < cnt / 2; ++j) {
           const Xmm a = in(2 * j), b = in(2 * j + 1);
-          const bool zmm = G == 16;
-          const int last = zmm ? 3 : 2;  // index of the neighbouring-lanes level
           if (level == 0 && zmm) {
             vshuff64x2(Zmm(t0.getIdx()), Zmm(a.getIdx()), Zmm(b.getIdx()), 0x44);  // [a lo256 | b lo256]
             vshuff64x2(Zmm(t1.getIdx()), Zmm(a.getIdx()), Zmm(b.getIdx()), 0xEE);  // [a hi256 | b hi256]
@@ -513,7 +513,7 @@ class GemvGenerator : public Generator {
         }
       }
       // Lane 4q + p of the result holds row q + 4p (zmm) or 2p + q (ymm).
-      if (G == 16)
+      if (zmm)
         vpermps(Zmm(in(0).getIdx()), Zmm(idx.getIdx()), Zmm(in(0).getIdx()));
       else
         vpermps(Ymm(in(0).getIdx()), Ymm(idx.getIdx()), Ymm(in(0).getIdx()));

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "formats/formats.h"
 #include "moejit.h"
 
 namespace moejit {
@@ -42,17 +43,13 @@ inline float activate(const ActivationParams& p, float gate, float up) {
 
 // out[i] = round_bf16(activate(p, gate[i], up[i])) for n values (out may be
 // gate): the same arithmetic per element, with the activation chosen once.
-template <typename Round>
-inline void activate_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
-                       Round round) {
-  switch (p.kind) {
-    case MOEJIT_ACT_SILU:
-      for (int64_t i = 0; i < n; ++i) out[i] = round(gate[i] * sigmoidf(gate[i]) * up[i]);
-      return;
-    default:
-      for (int64_t i = 0; i < n; ++i) out[i] = round(activate(p, gate[i], up[i]));
-      return;
+inline void activate_bf16_n(const ActivationParams& p, const float* gate, const float* up, float* out,
+                            int64_t n) {
+  if (p.kind == MOEJIT_ACT_SILU) {
+    for (int64_t i = 0; i < n; ++i) out[i] = formats::round_bf16(gate[i] * sigmoidf(gate[i]) * up[i]);
+    return;
   }
+  for (int64_t i = 0; i < n; ++i) out[i] = formats::round_bf16(activate(p, gate[i], up[i]));
 }
 
 }  // namespace moejit

@@ -47,14 +47,7 @@ class Matmul {
   jit::XLayout x_layout() const { return xlayout_; }
   size_t x_elem_bytes() const { return jit::x_elem_bytes(xlayout_); }
   // Writes activation k (a value exact in bf16) of one prepared vector.
-  void x_store(void* vec, int64_t k, float v) const {
-    if (xlayout_ == jit::XLayout::f32)
-      static_cast<float*>(vec)[k] = v;
-    else if (xlayout_ == jit::XLayout::f32_evens_odds)
-      static_cast<float*>(vec)[jit::x_position(xlayout_, k, isa_)] = v;
-    else
-      static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, k)] = formats::f32_to_bf16(v);
-  }
+  void x_store(void* vec, int64_t k, float v) const { x_store_n(vec, k, &v, 1); }
   // Writes activations k0 .. k0 + n - 1 (values exact in bf16) of one prepared vector.
   void x_store_n(void* vec, int64_t k0, const float* v, int64_t n) const {
     switch (xlayout_) {
@@ -67,11 +60,6 @@ class Matmul {
         return;
       case jit::XLayout::bf16:
         for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(vec)[k0 + i] = formats::f32_to_bf16(v[i]);
-        return;
-      case jit::XLayout::bf16_perm64:
-        for (int64_t i = 0; i < n; ++i)
-          static_cast<uint16_t*>(vec)[jit::x_position(jit::XLayout::bf16_perm64, k0 + i)] =
-              formats::f32_to_bf16(v[i]);
         return;
       default:
         for (int64_t i = 0; i < n; ++i)
