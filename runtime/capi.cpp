@@ -173,16 +173,9 @@ bool parse_isa_env(moejit_isa* cap, moejit_status* st, const char* fn) {
   const char* v = std::getenv("MOEJIT_MAX_ISA");
   *cap = MOEJIT_ISA_AUTO;
   if (!v || !*v) return true;
-  static const struct {
-    const char* name;
-    moejit_isa isa;
-  } kNames[] = {{"scalar", MOEJIT_ISA_SCALAR},
-                {"avx2", MOEJIT_ISA_AVX2},
-                {"avx512", MOEJIT_ISA_AVX512},
-                {"avx512_bf16", MOEJIT_ISA_AVX512_BF16}};
-  for (const auto& n : kNames) {
-    if (strcasecmp(v, n.name) == 0) {
-      *cap = n.isa;
+  for (int i = MOEJIT_ISA_SCALAR; i <= MOEJIT_ISA_AVX512_BF16; ++i) {
+    if (strcasecmp(v, moejit_isa_name(moejit_isa(i))) == 0) {
+      *cap = moejit_isa(i);
       return true;
     }
   }

@@ -221,7 +221,6 @@ class JsonReporter : public Reporter {
 };
 
 const char* const kActivations[] = {"silu", "gelu", "gelu_tanh", "swiglu_oai", "swiglu_clamp"};
-const char* const kIsas[] = {"auto", "scalar", "avx2", "avx512", "avx512_bf16"};
 
 }  // namespace
 
@@ -270,8 +269,8 @@ bool parse_activation(const std::string& name, moejit_activation* out) {
 }
 
 bool parse_isa(const std::string& name, moejit_isa* out) {
-  for (int i = 0; i < 5; ++i)
-    if (name == kIsas[i]) return *out = moejit_isa(i), true;
+  for (int i = MOEJIT_ISA_AUTO; i <= MOEJIT_ISA_AVX512_BF16; ++i)
+    if (name == moejit_isa_name(moejit_isa(i))) return *out = moejit_isa(i), true;
   return false;
 }
 
