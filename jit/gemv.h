@@ -31,8 +31,9 @@ static_assert(offsetof(GemvArgs, w) == 0 && offsetof(GemvArgs, scales) == 8 &&
 using GemvFn = void (*)(const GemvArgs*);
 
 // KernelKey::flags bits.
-// avx512_bf16: decode 8-bit floats without AVX512_VBMI (CPUs without it):
-// arithmetic and a blend instead of byte tables. Other formats ignore it.
+// avx512_bf16: decode without AVX512_VBMI (CPUs without it): 8-bit floats
+// through arithmetic and a blend instead of byte tables, q4_0 chunks through
+// four loads instead of a two-register byte permute. Other formats ignore it.
 constexpr uint32_t kFlagNoVbmi = 1;
 
 // Prepared activations are padded with zeros to a multiple of 128 elements so
@@ -69,8 +70,12 @@ inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
   if (format == 6) return XLayout::f32;  // q8_0 without VBMI: int8 quants widened to fp32
   return XLayout::bf16;
 }
-// Layouts whose decode needs AVX512_VBMI (the vpermi2b byte tables).
-inline bool x_layout_needs_vbmi(XLayout l) { return l == XLayout::bf16_perm64; }
+// Whether a kernel's decode uses AVX512_VBMI: the vpermi2b byte tables of
+// 8-bit formats, and the vpermt2b that gathers a q4_0 chunk's quants.
+inline bool needs_vbmi(Isa isa, int32_t format, uint32_t flags) {
+  return isa == Isa::avx512_bf16 && !(flags & kFlagNoVbmi) &&
+         (x_layout(isa, format, flags) == XLayout::bf16_perm64 || format == 4 /* q4_0 */);
+}
 inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 || l == XLayout::f32_evens_odds ? 4 : 2; }
 // Vector lanes of fp32 activations on a tier (the evens/odds group is twice this).
 inline int64_t f32_lanes(Isa isa) { return isa == Isa::avx2 ? 8 : 16; }

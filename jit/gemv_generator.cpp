@@ -131,6 +131,7 @@ class GemvGenerator : public Generator {
         xstride_bytes_(x_stride(key.k) * int64_t(x_elem_bytes(layout_))),
         vbmi_lut_(layout_ == XLayout::bf16_perm64),
         q4x4_(layout_ == XLayout::bf16_q4),
+        q4_vbmi_(q4x4_ && !(key.flags & kFlagNoVbmi)),
         nib128_(layout_ == XLayout::bf16_nib128),
         fma_f32_(x_elem_bytes(layout_) == 4),
         // sw prefetch: bf16 multi-token calls compute long enough per line that
@@ -263,6 +264,8 @@ class GemvGenerator : public Generator {
     }
     if (q4x4_) {  // the q - 8 -> bf16 word table (twice); lanes of blocks 0..3 of a 4-block chunk
       vmovdqu16(v_c(0), ptr[rip + l_nib_tbl_]);
+      vmovdqu8(v_c(1), ptr[rip + l_q4_qidx_]);
+      vmovdqu16(v_c(2), ptr[rip + l_q4_didx_]);
       for (int b = 0; b < 4; ++b) {
         mov(reg_tmp.cvt32(), 0xF << (4 * b));
         kmovw(Opmask(b == 0 ? 6 : 2 + b), reg_tmp.cvt32());
@@ -326,6 +329,16 @@ class GemvGenerator : public Generator {
     } else if (q4x4_) {
       L(l_nib_tbl_);
       for (int i = 0; i < 32; ++i) dw(formats::f32_to_bf16(float((i & 15) - 8)));
+      // A full chunk is read as bytes [0, 64) and [8, 72). Quant byte i of block b
+      // is chunk byte 2 + 18b + i: a vpermt2b index into that pair (64 + j: byte 8 + j).
+      L(l_q4_qidx_);
+      for (int j = 0; j < 64; ++j) {
+        const int src = 2 + 18 * (j / 16) + j % 16;
+        db(uint8_t(src < 64 ? src : 64 + src - 8));
+      }
+      // The vpermw index of d (word 9b of the chunk) on the 4 dwords of lane b.
+      L(l_q4_didx_);
+      for (int w = 0; w < 32; ++w) dw(uint16_t(9 * ((w / 4) % 4)));
     } else if (fmt_ == Format::q4_0) {
       L(l_q4_zero_);  // 16 dwords of 8
       for (int i = 0; i < 16; ++i) dd(8);
@@ -768,9 +781,20 @@ class GemvGenerator : public Generator {
       // q4_0, 4 blocks of 18 bytes -> 4 x 32 bf16: the 16 quant bytes of block b
       // go to 128-bit lane b, then as e2m1: vector j = table[word >> 4j]. A tail
       // of 1-3 blocks leaves the other lanes zero (the VEX load clears them).
-      vmovdqu(Xmm(0), ptr[reg_wk + w_byte(off)]);
-      for (int b = 1; b < (cnt + 31) / 32; ++b)
-        vinserti32x4(Zmm(0), Zmm(0), ptr[reg_wk + w_byte(off + 32 * b)], b);
+      if (cnt == plan_.step && q4_vbmi_) {
+        // Two loads of the 72-byte chunk and two permutes instead of four loads
+        // (three of them inserts) and four masked broadcasts of d: the chunk's
+        // fp32 d vector is left in v_scale for apply_block_scale.
+        vmovdqu8(Zmm(0), ptr[reg_wk + dw_]);
+        vmovdqu8(Zmm(1), ptr[reg_wk + dw_ + 8]);
+        vpermw(Zmm(v_scale().getIdx()), Zmm(v_c(2).getIdx()), Zmm(0));
+        vcvtph2ps(Zmm(v_scale().getIdx()), Ymm(v_scale().getIdx()));
+        vpermt2b(Zmm(0), Zmm(v_c(1).getIdx()), Zmm(1));
+      } else {
+        vmovdqu(Xmm(0), ptr[reg_wk + w_byte(off)]);
+        for (int b = 1; b < (cnt + 31) / 32; ++b)
+          vinserti32x4(Zmm(0), Zmm(0), ptr[reg_wk + w_byte(off + 32 * b)], b);
+      }
       for (int j = 1; j < 4; ++j) vpsrlw(Zmm(j), Zmm(0), 4 * j);
       for (int j = 0; j < 4; ++j) vpermw(Zmm(j), Zmm(j), Zmm(v_c(0).getIdx()));
       return 4;
@@ -949,12 +973,17 @@ class GemvGenerator : public Generator {
         vpbroadcastw(Xmm(v_scale().getIdx()), ptr[reg_wk + dw_]);  // clears the upper lanes
       }
       vcvtph2ps(Zmm(v_scale().getIdx()), Ymm(v_scale().getIdx()));
-    } else if (q4x4_) {  // the fp16 d of blocks 0..3 on their 128-bit lanes (missing blocks: 0)
-      const Ymm ys = Ymm(v_scale().getIdx());
-      const int nb = (n + 31) / 32;
-      if (nb < 4) vpxor(ys, ys, ys);
-      for (int b = 0; b < nb; ++b) vpbroadcastw(ys | Opmask(b == 0 ? 6 : 2 + b), ptr[reg_wk + dw_ + 18 * b]);
-      vcvtph2ps(Zmm(v_scale().getIdx()), ys);
+    } else if (q4x4_) {
+      // The fp16 d of blocks 0..3 on their 128-bit lanes (missing blocks: 0);
+      // load_weights already left a full chunk's in v_scale.
+      if (n < plan_.step || !q4_vbmi_) {
+        const Ymm ys = Ymm(v_scale().getIdx());
+        const int nb = (n + 31) / 32;
+        vpxor(ys, ys, ys);
+        for (int b = 0; b < nb; ++b)
+          vpbroadcastw(ys | Opmask(b == 0 ? 6 : 2 + b), ptr[reg_wk + dw_ + 18 * b]);
+        vcvtph2ps(Zmm(v_scale().getIdx()), ys);
+      }
     } else if (is_gguf(fmt_)) {  // fp16 d at the start of the block
       const Xmm xs = Xmm(v_scale().getIdx());
       movzx(reg_tmp.cvt32(), word[reg_wk + dw_]);
@@ -998,6 +1027,7 @@ class GemvGenerator : public Generator {
   int64_t xstride_bytes_;
   bool vbmi_lut_;        // 8-bit floats -> bf16 through two 128-entry byte tables (vpermi2b)
   bool q4x4_;            // q4_0, 4 blocks at a time -> bf16 through shifts + vpermw
+  bool q4_vbmi_;         // q4x4_ full chunks: two loads and a vpermt2b (AVX512_VBMI)
   bool nib128_;          // e2m1: 64 bytes -> 4 vectors of bf16 through shifts + vpermw
   bool fma_f32_;         // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
   bool sw_prefetch_;     // software prefetch of a later call's weights
@@ -1015,6 +1045,7 @@ class GemvGenerator : public Generator {
   Label l_e2m1_;
   Label l_e2m1_sign_;
   Label l_nib_tbl_;
+  Label l_q4_qidx_, l_q4_didx_;
   Label l_pair_idx_;
   Label l_e4m3_fp16_mask_;
   Label l_e8m0_min_;
@@ -1038,10 +1069,7 @@ class GeneratedKernel : public Kernel {
 
 uint32_t runtime_flags(Isa isa, int32_t format, int32_t /*group*/) {
   // Without AVX512_VBMI the avx512_bf16 tier decodes without byte tables.
-  return isa == Isa::avx512_bf16 && x_layout_needs_vbmi(x_layout(isa, format, 0)) &&
-                 !host_features().avx512_vbmi
-             ? kFlagNoVbmi
-             : 0;
+  return needs_vbmi(isa, format, 0) && !host_features().avx512_vbmi ? kFlagNoVbmi : 0;
 }
 
 int max_tokens_per_call(const KernelKey& key) {
@@ -1095,7 +1123,7 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "unknown kernel flags";
     return false;
   }
-  if (x_layout_needs_vbmi(x_layout(key.isa, key.format, key.flags)) && !host_features().avx512_vbmi) {
+  if (needs_vbmi(key.isa, key.format, key.flags) && !host_features().avx512_vbmi) {
     *why = "this CPU lacks AVX512_VBMI for the byte-table decode";
     return false;
   }

@@ -37,8 +37,7 @@ const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
 
 bool variant_available(const Variant& v, Format f) {
   if (!jit::isa_available(v.isa)) return false;
-  if (jit::x_layout_needs_vbmi(jit::x_layout(v.isa, int32_t(f), v.flags)))
-    return jit::host_features().avx512_vbmi;
+  if (jit::needs_vbmi(v.isa, int32_t(f), v.flags)) return jit::host_features().avx512_vbmi;
   return true;
 }
 

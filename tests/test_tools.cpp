@@ -206,8 +206,14 @@ const std::vector<TierCase>& tier_cases() {
        Format::q4_0,
        jit::Isa::avx512_bf16,
        false,
+       {"vpermt2b", "vpsrlw", "vpermw", "vdpbf16ps", "vcvtph2ps"},
+       {"vinserti32x4", "vcvtdq2ps", "vpmultishiftqb"}},
+      {"q4_0_avx512_bf16_novbmi",
+       Format::q4_0,
+       jit::Isa::avx512_bf16,
+       true,
        {"vinserti32x4", "vpsrlw", "vpermw", "vdpbf16ps", "vcvtph2ps"},
-       {"vcvtdq2ps", "vpmultishiftqb"}},
+       {"vpermt2b", "vcvtdq2ps"}},
       {"q4_0_avx2",
        Format::q4_0,
        jit::Isa::avx2,
@@ -264,7 +270,7 @@ TEST_P(TierListing, UsesTheTiersInstructions) {
   if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis: no listings";
   if (!jit::isa_available(c.isa)) GTEST_SKIP() << "this CPU lacks tier " << jit::isa_name(c.isa);
   if (c.isa == jit::Isa::avx512_bf16 && !c.no_vbmi && !jit::host_features().avx512_vbmi &&
-      jit::x_layout_needs_vbmi(jit::x_layout(c.isa, int32_t(c.format), 0)))
+      jit::needs_vbmi(c.isa, int32_t(c.format), 0))
     GTEST_SKIP() << "this CPU lacks AVX512_VBMI for the byte-table decodes";
   tools::MatrixSpec spec;
   spec.format = c.format;

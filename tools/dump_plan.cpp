@@ -12,7 +12,7 @@ using formats::Format;
 uint32_t runtime_flags(const MatrixSpec& m) {
   const int32_t kf = int32_t(formats::kernel_format(m.format));
   const uint32_t flags = jit::runtime_flags(m.isa, kf, formats::default_group(m.format, m.group_size));
-  const bool has_vbmi_decode = jit::x_layout_needs_vbmi(jit::x_layout(m.isa, kf, 0));
+  const bool has_vbmi_decode = jit::needs_vbmi(m.isa, kf, 0);
   return m.no_vbmi && has_vbmi_decode ? flags | jit::kFlagNoVbmi : flags;
 }
 

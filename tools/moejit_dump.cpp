@@ -84,8 +84,8 @@ void check_scalar(Isa isa) {
 }
 
 void check_no_vbmi(bool no_vbmi, Format f, Isa isa) {
-  if (no_vbmi && !moejit::jit::x_layout_needs_vbmi(moejit::jit::x_layout(isa, int32_t(f), 0)))
-    fail(2, "--no-vbmi applies only to 8-bit float formats on avx512_bf16");
+  if (no_vbmi && !moejit::jit::needs_vbmi(isa, int32_t(f), 0))
+    fail(2, "--no-vbmi applies only to 8-bit formats and q4_0 on avx512_bf16");
 }
 
 std::shared_ptr<const moejit::jit::Kernel> generate(const moejit::jit::KernelKey& key) {
@@ -259,7 +259,8 @@ int main(int argc, char** argv) {
                  "scale elements between scale rows, 0 = dense (not part of fp8_block keys)")
       ->capture_default_str();
   app.add_option("--group-size", a.group_size, "mxfp8 group size, 0 = the format's default");
-  app.add_flag("--no-vbmi", a.no_vbmi, "8-bit float formats on avx512_bf16: the decode without AVX512_VBMI");
+  app.add_flag("--no-vbmi", a.no_vbmi,
+               "8-bit formats and q4_0 on avx512_bf16: the decode without AVX512_VBMI");
   app.add_option("--raw", a.raw, "write the code bytes of the kernel to FILE")->type_name("FILE");
   app.add_option("--out-dir", a.out_dir, "write <name>.bin and <name>.s of every kernel to DIR")
       ->type_name("DIR");
