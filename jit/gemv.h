@@ -100,9 +100,9 @@ inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
 }
 
 // Whether kernels of this format prefetch the weights of a call far ahead
-// (w_prefetch = a call ~kPrefetchBytes later) or the next call (w_prefetch =
-// the next call, read by bf16 multi-token kernels only). bf16 with one token
-// streams best on the hardware prefetchers alone (no software prefetch).
+// (w_prefetch = a call ~kPrefetchBytes later, one prefetch per line) or the
+// next call (bf16: every line of it with several tokens, one line per KiB with
+// one token, where the hardware prefetchers do the rest).
 inline bool streams_with_prefetch(int32_t format) { return format != 0 /* bf16 */; }
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU

@@ -68,13 +68,21 @@ constexpr int kSplit = 4;
 // total chosen by block index, see plan_of): fewer adds per block, and short
 // blocks still get independent FMA chains.
 constexpr int kBlockSplit = 2;
-// Kernels without software prefetch (bf16, one token) stream on the hardware
-// prefetchers alone, and emit each row fully unrolled up to this many vectors:
-// every x load then reads the same address on every row. A looped row gives
-// each x load a constant 256-byte stride, which the stride prefetcher follows
-// at the cost of the weight stream (measured on Zen 4, one core, 1 GiB of bf16
-// rows: 72-88% of the read bandwidth looped, 90-96% unrolled).
+// bf16 one-token kernels stream mostly on the hardware prefetchers, and emit
+// each row fully unrolled up to this many vectors: every x load then reads the
+// same address on every row. A looped row gives each x load a constant 256-byte
+// stride, which the stride prefetcher follows at the cost of the weight stream
+// (measured on Zen 4, one core, 1 GiB of bf16 rows: 72-88% of the read
+// bandwidth looped, 90-96% unrolled).
 constexpr int64_t kMaxRowUnrollVectors = 256;
+// Bytes of the next call covered by each software prefetch of a bf16 one-token
+// kernel: enough to start the hardware prefetchers on the next call's lines
+// (an expert's rows elsewhere in memory) without competing with them. Measured
+// on Zen 4 in the Qwen3-30B-A3B bf16 layer, one thread, same runs: none
+// 77-87% of the read bandwidth, one per 1 KiB 84-92% (256 B and 4 KiB alike);
+// one per line (64 B) 71% on a cold stream. The other formats need one per line:
+// fp8_block with one per 256 B fell from 78-81% to 66-72%.
+constexpr int kSparsePrefetchBytes = 1024;
 
 // Lanes of the second group of a two-group block: the 64-element byte-table
 // decode and the fp32 e2m1 decode keep the first 32 (16) elements in the low
@@ -134,14 +142,16 @@ class GemvGenerator : public Generator {
         q4_vbmi_(q4x4_ && !(key.flags & kFlagNoVbmi)),
         nib128_(layout_ == XLayout::bf16_nib128),
         fma_f32_(x_elem_bytes(layout_) == 4),
-        // sw prefetch: bf16 multi-token calls compute long enough per line that
-        // streaming no longer overlaps without help (measured: cold = hot + DRAM
-        // time); they prefetch each line of the next call (w_prefetch is the next
-        // call for bf16).
-        sw_prefetch_(streams_with_prefetch(key.format) || key.tokens > 1) {
+        // Every kernel prefetches a later call (w_prefetch). bf16 multi-token
+        // calls compute long enough per line that streaming no longer overlaps
+        // without help (measured: cold = hot + DRAM time): they prefetch each line
+        // of the next call, as the other formats do of a call ~kPrefetchBytes
+        // ahead. bf16 one-token kernels prefetch sparsely (kSparsePrefetchBytes).
+        bf16_one_(key.format == 0 /* bf16 */ && key.tokens == 1),
+        pf_stride_(bf16_one_ ? kSparsePrefetchBytes : 64) {
     unroll_ = scaled_ ? std::max(plan_.nt, kBlock / plan_.block) : 1;
     const int64_t nfull = key.k / plan_.block;
-    if (!sw_prefetch_ && nfull > 0 && nfull * (plan_.block / plan_.vec_elems) <= kMaxRowUnrollVectors)
+    if (bf16_one_ && nfull > 0 && nfull * (plan_.block / plan_.vec_elems) <= kMaxRowUnrollVectors)
       unroll_ = int(nfull);
   }
 
@@ -382,7 +392,7 @@ class GemvGenerator : public Generator {
     pf_span_ = span;
   }
   void finish_prefetch_span() {
-    for (; sw_prefetch_ && pf_next_ < pf_span_; pf_next_ += 64) prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
+    for (; pf_next_ < pf_span_; pf_next_ += pf_stride_) prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
   }
 
   // Byte displacements of the block being emitted inside an unrolled loop body.
@@ -659,13 +669,11 @@ class GemvGenerator : public Generator {
       const int cnt = std::min(plan_.step, n - off);
       if (cnt < plan_.step && isa_ != Isa::avx2) set_tail_mask(cnt);
       // Each line read is matched by a prefetch of the same line of a later
-      // call (into L2: measured ~1.5x faster cold than L1 prefetches here).
-      // Formats whose decode is heavy need it; bf16 streams faster on the
-      // hardware prefetcher alone (measured 67-71% vs 56-60% of the read
-      // bandwidth with one thread on Zen 4).
-      while (sw_prefetch_ && pf_next_ <= w_byte(off) && pf_next_ < pf_span_) {
+      // call (into L2: measured ~1.5x faster cold than L1 prefetches here), or
+      // one per kSparsePrefetchBytes in bf16 one-token kernels.
+      while (pf_next_ <= w_byte(off) && pf_next_ < pf_span_) {
         prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
-        pf_next_ += 64;
+        pf_next_ += pf_stride_;
       }
       if (cnt == plan_.step) phase("decode");
       const int nvec = load_weights(off, cnt);
@@ -1030,7 +1038,8 @@ class GemvGenerator : public Generator {
   bool q4_vbmi_;         // q4x4_ full chunks: two loads and a vpermt2b (AVX512_VBMI)
   bool nib128_;          // e2m1: 64 bytes -> 4 vectors of bf16 through shifts + vpermw
   bool fma_f32_;         // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
-  bool sw_prefetch_;     // software prefetch of a later call's weights
+  bool bf16_one_;        // bf16, one token: unrolled rows, sparse prefetch
+  int pf_stride_;        // bytes of the later call per prefetch instruction
   int unroll_ = 1;       // blocks per loop iteration
   int dw_ = 0;           // byte displacements of the block being emitted: weights,
   int64_t dx_ = 0;       // activations,
