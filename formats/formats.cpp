@@ -94,6 +94,31 @@ uint8_t f32_to_e4m3_rne(float f) {
   return uint8_t(sign | q);
 }
 
+float e4m3_round(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t sign = u & 0x80000000u, a = u & 0x7FFFFFFFu;
+  // >= 2^-6: normal e4m3, 3 mantissa bits kept (as f32_to_e4m3_rne, without the rebias).
+  const uint32_t normal = (a + 0x7FFFFu + ((a >> 20) & 1u)) & 0xFFF00000u;
+  // Below: q = rne(|f| * 2^9) in 0..8, the value q * 2^-9 (exact in any rounding mode).
+  const uint32_t e = a >> 23;
+  const uint32_t mant = (a & 0x7FFFFFu) | (e ? 0x800000u : 0u);
+  uint32_t shift = 141u - (e ? e : 1u);  // wraps for e > 141, which selects another branch
+  shift = shift > 31u ? 31u : shift;     // >= 26 rounds to 0 (mant < 2^24 <= half)
+  uint32_t q = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  q += uint32_t(rem > half) | (uint32_t(rem == half) & q & 1u);
+  const float sub_f = float(int32_t(q)) * 0x1p-9f;
+  uint32_t sub;
+  std::memcpy(&sub, &sub_f, 4);
+  uint32_t r = a >= 0x3C800000u ? normal : sub;
+  r = a >= 0x43E00000u ? 0x43E00000u : r;  // 448 and beyond, inf: saturate
+  const uint32_t out = sign | r;
+  float v;
+  std::memcpy(&v, &out, 4);
+  return v;
+}
+
 float ds_act_scale(float amax) {
   // The smallest n with 448 * 2^n >= max(amax, 1e-4). amax / 448 is exact or far
   // (relatively >= 2^-8) from a power of two for bf16 amax, so double division
@@ -119,11 +144,11 @@ void ds_act_roundtrip(const uint16_t* src, int64_t n, uint16_t* dst) {
     const float s = ds_act_scale(bf16_to_f32(amax));
     const float inv = 1.0f / s;  // exact: s is a power of two in [2^-22, 2^120]
     for (int64_t i = b0; i < b1; ++i) {
-      float q = bf16_to_f32(src[i]) * inv;  // exact unless far below e4m3's range (then rounds to +-0)
-      q = q > 448.0f ? 448.0f : (q < -448.0f ? -448.0f : q);
+      // Exact unless far below e4m3's range (then it rounds to +-0); e4m3_round clamps to +-448.
+      const float q = bf16_to_f32(src[i]) * inv;
       // e4m3 (<= 4 significant bits) times a power of two: exact in fp32 and bf16; it
       // overflows to inf (as the exact value does in bf16) only for a block max >= 1.9375 * 2^127.
-      dst[i] = f32_to_bf16(e4m3_to_f32(f32_to_e4m3_rne(q)) * s);
+      dst[i] = f32_to_bf16(e4m3_round(q) * s);
     }
   }
 }

@@ -286,6 +286,47 @@ void expect_roundtrip(const std::vector<uint16_t>& x, const char* what) {
 
 }  // namespace
 
+// e4m3_round is the value of the e4m3 code f32_to_e4m3_rne picks, computed
+// without the code: same bits for every bf16 pattern at several power-of-two
+// scales (every value ds_act_roundtrip feeds it), random fp32 patterns, and the
+// double-precision reference where it does not saturate. (All 2^32 fp32
+// patterns but NaN were compared once when it was written: identical.)
+TEST(E4m3Round, SameValueAsEncodeThenDecode) {
+  auto check = [](float f) {
+    if (std::isnan(f)) return true;
+    const float want = fm::e4m3_to_f32(fm::f32_to_e4m3_rne(f));
+    const float got = fm::e4m3_round(f);
+    uint32_t uw, ug;
+    std::memcpy(&uw, &want, 4);
+    std::memcpy(&ug, &got, 4);
+    EXPECT_EQ(ug, uw) << "f = " << f;
+    if (std::fabs(f) < 448.0f) {
+      EXPECT_EQ(double(got), e4m3_rne_double(double(f))) << "f = " << f;
+    }
+    return ug == uw;
+  };
+  int bad = 0;
+  for (int k : {-24, -12, -9, -6, 0, 3, 8, 20})
+    for (uint32_t b = 0; b < 0x10000u && bad < 8; ++b)
+      bad += !check(std::ldexp(fm::bf16_to_f32(uint16_t(b)), k));
+  std::mt19937 rng(11);
+  for (int i = 0; i < 1000000 && bad < 8; ++i) {
+    const uint32_t u = uint32_t(rng());
+    float f;
+    std::memcpy(&f, &u, 4);
+    bad += !check(f);
+  }
+  EXPECT_EQ(bad, 0);
+  // Spot values: ties to even in both ranges, saturation, signed zero.
+  EXPECT_EQ(fm::e4m3_round(0x1.1p0f), 1.0f);      // 1 + 1/16: tie between 1 and 1.125
+  EXPECT_EQ(fm::e4m3_round(0x1.3p0f), 1.25f);     // 1 + 3/16: tie, 1.25 is even
+  EXPECT_EQ(fm::e4m3_round(0x1.8p-9f), 0x1p-8f);  // 1.5 * 2^-9: tie between codes 1 and 2
+  EXPECT_EQ(fm::e4m3_round(0x1p-10f), 0.0f);      // half of the smallest subnormal
+  EXPECT_EQ(fm::e4m3_round(1000.0f), 448.0f);
+  EXPECT_EQ(fm::e4m3_round(-INFINITY), -448.0f);
+  EXPECT_TRUE(std::signbit(fm::e4m3_round(-1e-30f)));
+}
+
 TEST(DsActRoundTrip, ScaleIsCeilPowerOfTwo) {
   EXPECT_EQ(fm::ds_act_scale(448.0f), 1.0f);
   EXPECT_EQ(fm::ds_act_scale(448.0f * 1.0078125f), 2.0f);
