@@ -103,8 +103,11 @@ float e4m3_round(float f) {
   // Below: q = rne(|f| * 2^9) in 0..8, the value q * 2^-9 (exact in any rounding mode).
   const uint32_t e = a >> 23;
   const uint32_t mant = (a & 0x7FFFFFu) | (e ? 0x800000u : 0u);
-  uint32_t shift = 141u - (e ? e : 1u);  // wraps for e > 141, which selects another branch
-  shift = shift > 31u ? 31u : shift;     // >= 26 rounds to 0 (mant < 2^24 <= half)
+  // Computed for every input, used only below 2^-6 (e <= 120, shift 21..140):
+  // kept in [1, 31] so that no shift is undefined (>= 26 rounds to 0 anyway,
+  // as mant < 2^24 <= half; e >= 141 makes 141 - e 0 or wrap).
+  uint32_t shift = 141u - (e ? e : 1u);
+  shift = shift - 1u > 30u ? 31u : shift;
   uint32_t q = mant >> shift;
   const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
   q += uint32_t(rem > half) | (uint32_t(rem == half) & q & 1u);
