@@ -15,7 +15,6 @@
 #include "bench_layer.h"
 #include "bench_util.h"
 #include "formats/formats.h"
-#include "jit/cpu.h"
 #include "jit/gemv.h"
 #include "jit/kernel_cache.h"
 #include "tools/dump_plan.h"
@@ -35,20 +34,21 @@ const moejit_format kFormats[] = {MOEJIT_FORMAT_BF16,       MOEJIT_FORMAT_FP8_BL
                                   MOEJIT_FORMAT_NVFP4,      MOEJIT_FORMAT_Q4_0};
 const jit::Isa kTiers[] = {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16};
 
-void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k, int32_t tokens) {
-  if (!jit::isa_available(isa)) {
-    state.SkipWithError((std::string("skipped: this CPU lacks tier ") + jit::isa_name(isa)).c_str());
-    return;
-  }
+// The key the runtime resolves for a kRows-row call of a [*, k] matrix.
+jit::KernelKey kernel_key(moejit_format f, jit::Isa isa, int32_t k, int32_t tokens) {
   moejit::tools::MatrixSpec spec;
   spec.format = Format(f);
   spec.k = k;
   spec.isa = isa;
-  const jit::KernelKey key = moejit::tools::runtime_key(spec, kRows, tokens);
+  return moejit::tools::runtime_key(spec, kRows, tokens);
+}
+
+void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k, int32_t tokens) {
+  const jit::KernelKey key = kernel_key(f, isa, k, tokens);
   std::string err;
   const auto kernel = jit::global_cache().get(key, &err);
-  if (!kernel) {
-    state.SkipWithError(err.c_str());
+  if (!kernel) {  // among others, a tier this CPU lacks
+    state.SkipWithError(("skipped: " + err).c_str());
     return;
   }
   const moejit_bench::Geometry g;  // bf16 fp8_block scales, mxfp8 groups of 32
@@ -116,11 +116,7 @@ int main(int argc, char** argv) {
     for (jit::Isa isa : kTiers)
       for (int32_t k : kKs) {
         // Tokens beyond the tier's register budget are tiled by the runtime: measure its largest.
-        moejit::tools::MatrixSpec spec;
-        spec.format = Format(f);
-        spec.k = k;
-        spec.isa = isa;
-        const int32_t most = jit::max_tokens_per_call(moejit::tools::runtime_key(spec, kRows, 1));
+        const int32_t most = jit::max_tokens_per_call(kernel_key(f, isa, k, 1));
         int32_t last = 0;
         for (int32_t want : kTokens) {
           const int32_t t = std::min(want, most);

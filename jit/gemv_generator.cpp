@@ -147,8 +147,7 @@ class GemvGenerator : public Generator {
         // without help (measured: cold = hot + DRAM time): they prefetch each line
         // of the next call, as the other formats do of a call ~kPrefetchBytes
         // ahead. bf16 one-token kernels prefetch sparsely (kSparsePrefetchBytes).
-        bf16_one_(key.format == 0 /* bf16 */ && key.tokens == 1),
-        pf_stride_(bf16_one_ ? kSparsePrefetchBytes : 64) {
+        bf16_one_(fmt_ == Format::bf16 && key.tokens == 1) {
     unroll_ = scaled_ ? std::max(plan_.nt, kBlock / plan_.block) : 1;
     const int64_t nfull = key.k / plan_.block;
     if (bf16_one_ && nfull > 0 && nfull * (plan_.block / plan_.vec_elems) <= kMaxRowUnrollVectors)
@@ -387,12 +386,14 @@ class GemvGenerator : public Generator {
   // from the cursor prefetches the lines at cursor + pfd + 0, 64, ..., spread
   // over its steps, so consecutive regions leave no line out whatever the
   // block size (GGUF blocks of 18 and 34 bytes, 4-bit steps of 16).
+  // Bytes of the later call per prefetch instruction.
+  int pf_stride() const { return bf16_one_ ? kSparsePrefetchBytes : 64; }
   void start_prefetch_span(int64_t span) {
     pf_next_ = 0;
     pf_span_ = span;
   }
   void finish_prefetch_span() {
-    for (; pf_next_ < pf_span_; pf_next_ += pf_stride_) prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
+    for (; pf_next_ < pf_span_; pf_next_ += pf_stride()) prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
   }
 
   // Byte displacements of the block being emitted inside an unrolled loop body.
@@ -673,7 +674,7 @@ class GemvGenerator : public Generator {
       // one per kSparsePrefetchBytes in bf16 one-token kernels.
       while (pf_next_ <= w_byte(off) && pf_next_ < pf_span_) {
         prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
-        pf_next_ += pf_stride_;
+        pf_next_ += pf_stride();
       }
       if (cnt == plan_.step) phase("decode");
       const int nvec = load_weights(off, cnt);
@@ -789,7 +790,7 @@ class GemvGenerator : public Generator {
       // q4_0, 4 blocks of 18 bytes -> 4 x 32 bf16: the 16 quant bytes of block b
       // go to 128-bit lane b, then as e2m1: vector j = table[word >> 4j]. A tail
       // of 1-3 blocks leaves the other lanes zero (the VEX load clears them).
-      if (cnt == plan_.step && q4_vbmi_) {
+      if (q4_gathers(cnt)) {
         // Two loads of the 72-byte chunk and two permutes instead of four loads
         // (three of them inserts) and four masked broadcasts of d: the chunk's
         // fp32 d vector is left in v_scale for apply_block_scale.
@@ -909,6 +910,10 @@ class GemvGenerator : public Generator {
   // (XLayout::bf16_perm64). One load and two register copies: reading the bytes
   // three times (twice as table indices, once in vpternlogd) made the kernel 20-25%
   // slower on L2-resident weights, as 512-bit loads issue one per cycle here.
+  // q4_0 steps of cnt elements decoded by the two-load gather, which also leaves
+  // the chunk's d vector in v_scale for apply_block_scale.
+  bool q4_gathers(int cnt) const { return q4_vbmi_ && cnt == plan_.step; }
+
   void emit_e4m3_lut64(int off, bool partial) {
     const Zmm b = Zmm(v_w(1).getIdx()), lo = Zmm(v_t(0).getIdx()), hi = Zmm(v_t(1).getIdx());
     if (partial)
@@ -984,7 +989,7 @@ class GemvGenerator : public Generator {
     } else if (q4x4_) {
       // The fp16 d of blocks 0..3 on their 128-bit lanes (missing blocks: 0);
       // load_weights already left a full chunk's in v_scale.
-      if (n < plan_.step || !q4_vbmi_) {
+      if (!q4_gathers(n)) {
         const Ymm ys = Ymm(v_scale().getIdx());
         const int nb = (n + 31) / 32;
         vpxor(ys, ys, ys);
@@ -1039,7 +1044,6 @@ class GemvGenerator : public Generator {
   bool nib128_;          // e2m1: 64 bytes -> 4 vectors of bf16 through shifts + vpermw
   bool fma_f32_;         // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
   bool bf16_one_;        // bf16, one token: unrolled rows, sparse prefetch
-  int pf_stride_;        // bytes of the later call per prefetch instruction
   int unroll_ = 1;       // blocks per loop iteration
   int dw_ = 0;           // byte displacements of the block being emitted: weights,
   int64_t dx_ = 0;       // activations,
