@@ -100,26 +100,27 @@ float e4m3_round(float f) {
   const uint32_t sign = u & 0x80000000u, a = u & 0x7FFFFFFFu;
   // >= 2^-6: normal e4m3, 3 mantissa bits kept (as f32_to_e4m3_rne, without the rebias).
   const uint32_t normal = (a + 0x7FFFFu + ((a >> 20) & 1u)) & 0xFFF00000u;
-  // Below: q = rne(|f| * 2^9) in 0..8, the value q * 2^-9 (exact in any rounding mode).
-  const uint32_t e = a >> 23;
-  const uint32_t mant = (a & 0x7FFFFFu) | (e ? 0x800000u : 0u);
-  // Computed for every input, used only below 2^-6 (e <= 120, shift 21..140):
-  // kept in [1, 31] so that no shift is undefined (>= 26 rounds to 0 anyway,
-  // as mant < 2^24 <= half; e >= 141 makes 141 - e 0 or wrap).
-  uint32_t shift = 141u - (e ? e : 1u);
-  shift = shift - 1u > 30u ? 31u : shift;
-  uint32_t q = mant >> shift;
-  const uint32_t rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-  q += uint32_t(rem > half) | (uint32_t(rem == half) & q & 1u);
-  const float sub_f = float(int32_t(q)) * 0x1p-9f;
+  // Below: q = rne(|f| * 2^9) in 0..8, the value q * 2^-9. Every step is exact
+  // and none depends on MXCSR: the scaling by 2^9 (a subnormal |f| that DAZ
+  // reads as 0 gives q = 0 either way), truncation, the remainder (Sterbenz),
+  // comparisons. The clamp keeps the conversion in range for the large inputs
+  // whose result is not used (and NaN, whose comparison is false).
+  float af;
+  std::memcpy(&af, &a, 4);
+  float v = af * 512.0f;
+  v = v < 16.0f ? v : 16.0f;
+  const int32_t t = int32_t(v);
+  const float rem = v - float(t);
+  const int32_t q = t + int32_t(rem > 0.5f) + (int32_t(rem == 0.5f) & t & 1);
+  const float sub_f = float(q) * 0x1p-9f;
   uint32_t sub;
   std::memcpy(&sub, &sub_f, 4);
   uint32_t r = a >= 0x3C800000u ? normal : sub;
   r = a >= 0x43E00000u ? 0x43E00000u : r;  // 448 and beyond, inf: saturate
   const uint32_t out = sign | r;
-  float v;
-  std::memcpy(&v, &out, 4);
-  return v;
+  float o;
+  std::memcpy(&o, &out, 4);
+  return o;
 }
 
 float ds_act_scale(float amax) {

@@ -60,9 +60,9 @@ float e8m0_to_f32(uint8_t s);     // 255 -> NaN
 // callers that must keep NaN handle it themselves.
 uint8_t f32_to_e4m3_rne(float f);
 // e4m3_to_f32(f32_to_e4m3_rne(f)) for any f but NaN, without the code: the e4m3
-// value nearest to f (ties to even, +-448 beyond). Integer operations and
-// selects only, so the result never depends on MXCSR and the hot loop of
-// ds_act_roundtrip has no data-dependent branch.
+// value nearest to f (ties to even, +-448 beyond). Exact operations and selects
+// only, so the result never depends on MXCSR (rounding mode, FTZ, DAZ) and the
+// hot loop of ds_act_roundtrip has no data-dependent branch.
 float e4m3_round(float f);
 
 // ---- ds_fp4 activation numerics (formats.md "ds_fp4 extra numerics") ----

@@ -327,6 +327,45 @@ TEST(E4m3Round, SameValueAsEncodeThenDecode) {
   EXPECT_TRUE(std::signbit(fm::e4m3_round(-1e-30f)));
 }
 
+#if defined(__x86_64__) || defined(_M_X64)
+// Engines may run with flush-to-zero, denormals-are-zero or another rounding
+// mode: e4m3_round (and so the ds_fp4 round trip) gives the same bits.
+TEST(E4m3Round, SameBitsUnderAnyMxcsr) {
+  std::vector<uint32_t> in;
+  for (int k : {-140, -130, -24, -12, -9, -6, 0, 8})
+    for (uint32_t b = 0; b < 0x10000u; ++b) {
+      const float f = std::ldexp(fm::bf16_to_f32(uint16_t(b)), k);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      in.push_back(u);
+    }
+  for (uint32_t u = 0; u < 0x00800000u; u += 0x101u) in.push_back(u | 0x80000000u * (u & 1u));  // subnormals
+  auto run = [&] {
+    std::vector<uint32_t> out(in.size());
+    for (size_t i = 0; i < in.size(); ++i) {
+      float f, r;
+      std::memcpy(&f, &in[i], 4);
+      r = fm::e4m3_round(f);
+      std::memcpy(&out[i], &r, 4);
+    }
+    return out;
+  };
+  const std::vector<uint32_t> want = run();
+  const unsigned saved = _mm_getcsr();
+  // FTZ (bit 15), DAZ (bit 6), then each rounding mode (bits 13-14).
+  for (unsigned rc : {0x0000u, 0x2000u, 0x4000u, 0x6000u}) {
+    _mm_setcsr((saved & ~0x6000u) | 0x8040u | rc);
+    const std::vector<uint32_t> got = run();
+    _mm_setcsr(saved);
+    size_t bad = 0;
+    for (size_t i = 0; i < in.size(); ++i)
+      if (got[i] != want[i] && ++bad <= 4)
+        ADD_FAILURE() << std::hex << "mxcsr rc " << rc << ": input " << in[i];
+    EXPECT_EQ(bad, 0u) << "rounding control " << std::hex << rc;
+  }
+}
+#endif
+
 TEST(DsActRoundTrip, ScaleIsCeilPowerOfTwo) {
   EXPECT_EQ(fm::ds_act_scale(448.0f), 1.0f);
   EXPECT_EQ(fm::ds_act_scale(448.0f * 1.0078125f), 2.0f);
