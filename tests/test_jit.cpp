@@ -294,6 +294,19 @@ TEST_P(GemvKernels, Nvfp4MatchFloat64Reference) {
       }
     }
   }
+  // K = 8192 (a row's widened scales take 2 KiB) and row counts that leave a
+  // partial last batch of widened scales (avx512_bf16 widens 4 rows at a time).
+  for (int rows : {9, 20}) {
+    for (int tokens : {1, 2}) {
+      Bank b = make_bank(Format::nvfp4, ScaleDtype::bf16, rows, 8192, rng, 16);
+      const jit::KernelKey key =
+          make_key(v, Format::nvfp4, ScaleDtype::bf16, 8192, rows, tokens, 16, b.layout.scale_stride);
+      std::string err;
+      auto kern = jit::global_cache().get(key, &err);
+      ASSERT_TRUE(kern) << key.name() << ": " << err;
+      expect_matches_reference(*kern, b, rng);
+    }
+  }
 }
 
 // Every 4-bit code in every column of two blocks through the real kernels (the

@@ -182,7 +182,7 @@ const std::vector<TierCase>& tier_cases() {
        Format::mxfp4,
        jit::Isa::avx512_bf16,
        false,
-       {"vpsrlw", "vpermw", "vdpbf16ps", "vpermps", "vptestnmd"},
+       {"vpsrlw", "vpermw", "vdpbf16ps", "vpermps", "vpmaxud"},
        {"vcvtdq2ps", "vpmultishiftqb", "vbroadcastss"}},
       {"nvfp4_avx2",
        Format::nvfp4,
