@@ -2,7 +2,6 @@
 // "load and widen one step of weights" and its scale rule; a tier contributes
 // the vector width, the register budget and the multiply instruction.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -612,8 +611,8 @@ class GemvGenerator : public Generator {
   // the first of them runs, which measured faster than one row at a time just
   // before its chunks (one core, weights in L2, kernels alternating in one
   // process: mxfp4 and nvfp4 at K=768, one token, +3-15%; batches of 2 to 16
-  // rows alike; 4 tokens unchanged). 64 zero bytes of slack follow the batch
-  // (a chunk's vpermps reads a whole vector).
+  // rows alike; 4 tokens unchanged). The batch starts zeroed and 64 zero bytes
+  // of slack follow it (a chunk's vpermps reads a whole vector).
   int64_t row_groups() const { return key_.k / key_.group; }
   int row_scale_bytes() const { return int((row_groups() + 15) / 16 * 64); }
   // Rows per batch: kWidenRows, within 16 KiB of stack.
@@ -626,7 +625,7 @@ class GemvGenerator : public Generator {
   void reserve_row_scales() {
     sub(rsp, row_scale_stack_bytes());
     vpxord(Zmm(0), Zmm(0), Zmm(0));
-    vmovups(ptr[rsp + widen_end()], Zmm(0));
+    for (int off = 0; off < row_scale_stack_bytes(); off += 64) vmovups(ptr[rsp + off], Zmm(0));
   }
   // The scales of the next min(widen_rows(), rows left) rows, from reg_s0 on,
   // to the batch at rsp; reg_rs points at the first.
