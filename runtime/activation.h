@@ -2,8 +2,11 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "formats/formats.h"
+#include "jit/kernel_key.h"
 #include "moejit.h"
 
 namespace moejit {
@@ -14,7 +17,34 @@ struct ActivationParams {
   float limit = 0.0f;  // 0 = no clamp
 };
 
-inline float sigmoidf(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+// e^x in fp32 for the activations, the same bits on every CPU and in
+// activate_bf16_n's AVX-512 loop (which repeats these operations in this
+// order; no FMA: x86-64 code without -mfma cannot contract): x = n ln2 + r with
+// n rounded by adding 1.5 * 2^23, ln2 in two parts (Cody-Waite), e^r by Cephes'
+// degree-6 polynomial (within 1 ulp of e^x here), 2^n through the exponent
+// bits (as 2^(n-1) * 2, so n = 128 overflows to +inf as e^x does). Inputs are
+// clamped to [-86, 89]: below, e^x only meets 1 + e^x in sigmoidf; above, +inf.
+inline float exp_act(float x) {
+  x = x < -86.0f ? -86.0f : (x > 89.0f ? 89.0f : x);  // NaN stays NaN
+  const float t = x * 1.44269504f + 12582912.0f;
+  const float nf = t - 12582912.0f;
+  float r = x - nf * 0.693359375f;
+  r = r + nf * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  uint32_t tb;
+  std::memcpy(&tb, &t, 4);
+  const uint32_t sb = (tb - 0x4B400000u + 126u) << 23;  // 2^(n-1)
+  float sc;
+  std::memcpy(&sc, &sb, 4);
+  return p * sc * 2.0f;
+}
+inline float sigmoidf(float z) { return 1.0f / (1.0f + exp_act(-z)); }
 
 // NaN-propagating min / clamp (std::fmin would drop a NaN).
 inline float min_keep_nan(float a, float b) { return a > b ? b : a; }
@@ -51,5 +81,12 @@ inline void activate_bf16_n(const ActivationParams& p, const float* gate, const 
   }
   for (int64_t i = 0; i < n; ++i) out[i] = formats::round_bf16(activate(p, gate[i], up[i]));
 }
+// The same, 16 values per AVX-512 instruction for silu when `isa` has AVX-512
+// (same bits: the same operations in the same order).
+void activate_bf16_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
+                     jit::Isa isa);
+// out[i] = gate[i] * sigmoidf(gate[i]) * up[i], not rounded: the silu of both
+// paths above, for tests that compare them bit for bit.
+void silu_f32_n(const float* gate, const float* up, float* out, int64_t n, jit::Isa isa);
 
 }  // namespace moejit

@@ -290,7 +290,7 @@ void MoeLayer::pass1(int64_t item, int worker) {
       }
     }
     if (!ds_) {
-      activate_bf16_n(cfg_.act, gt, ut, gt, n);
+      activate_bf16_n(cfg_.act, gt, ut, gt, n, ctx_->isa());
       mm_dn_.x_store_n(g, j0, gt, n);
       continue;
     }
