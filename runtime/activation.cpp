@@ -1,5 +1,8 @@
 #include "runtime/activation.h"
 
+#include <cmath>
+#include <cstdint>
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #endif
@@ -19,10 +22,11 @@ __attribute__((target("avx512f"))) __m512i srl(__m512i a, int n) {
   return _mm512_maskz_srlv_epi32(0xFFFF, a, _mm512_set1_epi32(n));
 }
 
-// exp_act, sigmoidf and the silu product of activation.h, 16 lanes at a time:
-// every operation as there, in the same order.
-__attribute__((target("avx512f"))) __m512 silu16(__m512 g, __m512 u) {
-  __m512 x = _mm512_sub_ps(_mm512_setzero_ps(), g);  // -g
+// sigmoidf (with exp_act) of activation.h, 16 lanes at a time: every
+// operation as there, in the same order.
+__attribute__((target("avx512f"))) __m512 sigmoid16(__m512 z) {
+  __m512 x =
+      _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(z), _mm512_set1_epi32(INT32_MIN)));  // -z
   x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-86.0f), _CMP_LT_OQ), x,
                            _mm512_set1_ps(-86.0f));
   x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(89.0f), _CMP_GT_OQ), x,
@@ -44,8 +48,25 @@ __attribute__((target("avx512f"))) __m512 silu16(__m512 g, __m512 u) {
                            _mm512_set1_epi32(126)),
           23);
   const __m512 e = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(sb)), _mm512_set1_ps(2.0f));
-  const __m512 sig = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-  return _mm512_mul_ps(_mm512_mul_ps(g, sig), u);
+  return _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+// activate() for silu and the two swiglu kinds, 16 lanes at a time.
+__attribute__((target("avx512f"))) __m512 act16(const ActivationParams& p, __m512 g, __m512 u) {
+  if (p.kind == MOEJIT_ACT_SILU) return _mm512_mul_ps(_mm512_mul_ps(g, sigmoid16(g)), u);
+  if (p.limit > 0.0f && std::isfinite(p.limit)) {  // min_keep_nan, clamp_keep_nan
+    const __m512 hi = _mm512_set1_ps(p.limit), lo = _mm512_set1_ps(-p.limit);
+    g = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, hi, _CMP_GT_OQ), g, hi);
+    const __m512 uc = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(u, hi, _CMP_GT_OQ), u, hi);
+    u = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(u, lo, _CMP_LT_OQ), uc, lo);
+  }
+  const __m512 glu = _mm512_mul_ps(g, sigmoid16(_mm512_mul_ps(_mm512_set1_ps(p.alpha), g)));
+  return p.kind == MOEJIT_ACT_SWIGLU_OAI ? _mm512_mul_ps(glu, _mm512_add_ps(u, _mm512_set1_ps(1.0f)))
+                                         : _mm512_mul_ps(glu, u);
+}
+
+bool vectorized(moejit_activation kind) {
+  return kind == MOEJIT_ACT_SILU || kind == MOEJIT_ACT_SWIGLU_OAI || kind == MOEJIT_ACT_SWIGLU_CLAMP;
 }
 
 // formats::round_bf16: to bf16 (nearest even, NaN kept NaN) and back.
@@ -59,11 +80,11 @@ __attribute__((target("avx512f"))) __m512 round_bf16_16(__m512 v) {
   return _mm512_castsi512_ps(sll(_mm512_mask_blend_epi32(nan, rne, qnan), 16));
 }
 
-__attribute__((target("avx512f"))) void silu_avx512(const float* gate, const float* up, float* out, int64_t n,
-                                                    bool round) {
+__attribute__((target("avx512f"))) void act_avx512(const ActivationParams& p, const float* gate,
+                                                   const float* up, float* out, int64_t n, bool round) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1u);
-    __m512 v = silu16(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i));
+    __m512 v = act16(p, _mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i));
     if (round) v = round_bf16_16(v);
     _mm512_mask_storeu_ps(out + i, m, v);
   }
@@ -77,8 +98,8 @@ bool has_avx512(jit::Isa isa) { return isa == jit::Isa::avx512 || isa == jit::Is
 void activate_bf16_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
                      jit::Isa isa) {
 #if defined(__x86_64__) || defined(_M_X64)
-  if (p.kind == MOEJIT_ACT_SILU && has_avx512(isa)) {
-    silu_avx512(gate, up, out, n, true);
+  if (vectorized(p.kind) && has_avx512(isa)) {
+    act_avx512(p, gate, up, out, n, true);
     return;
   }
 #else
@@ -87,16 +108,17 @@ void activate_bf16_n(const ActivationParams& p, const float* gate, const float* 
   activate_bf16_n(p, gate, up, out, n);
 }
 
-void silu_f32_n(const float* gate, const float* up, float* out, int64_t n, jit::Isa isa) {
+void activate_f32_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
+                    jit::Isa isa) {
 #if defined(__x86_64__) || defined(_M_X64)
-  if (has_avx512(isa)) {
-    silu_avx512(gate, up, out, n, false);
+  if (vectorized(p.kind) && has_avx512(isa)) {
+    act_avx512(p, gate, up, out, n, false);
     return;
   }
 #else
   (void)isa;
 #endif
-  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] * sigmoidf(gate[i]) * up[i];
+  for (int64_t i = 0; i < n; ++i) out[i] = activate(p, gate[i], up[i]);
 }
 
 }  // namespace moejit

@@ -81,12 +81,13 @@ inline void activate_bf16_n(const ActivationParams& p, const float* gate, const 
   }
   for (int64_t i = 0; i < n; ++i) out[i] = formats::round_bf16(activate(p, gate[i], up[i]));
 }
-// The same, 16 values per AVX-512 instruction for silu when `isa` has AVX-512
-// (same bits: the same operations in the same order).
+// The same, 16 values per AVX-512 instruction for silu and the swiglu kinds
+// when `isa` has AVX-512 (same bits: the same operations in the same order).
 void activate_bf16_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
                      jit::Isa isa);
-// out[i] = gate[i] * sigmoidf(gate[i]) * up[i], not rounded: the silu of both
-// paths above, for tests that compare them bit for bit.
-void silu_f32_n(const float* gate, const float* up, float* out, int64_t n, jit::Isa isa);
+// out[i] = activate(p, gate[i], up[i]), not rounded, by the same two paths:
+// for tests that compare them bit for bit.
+void activate_f32_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
+                    jit::Isa isa);
 
 }  // namespace moejit

@@ -46,13 +46,14 @@ TEST(ExpAct, WithinOneUlpOfDouble) {
 }
 
 // Every bf16 gate value (and 10^6 random fp32 ones) with several up values, in
-// calls of every length 1..40 (the masked tail): the AVX-512 path gives the
-// scalar path's bits (any NaN for a NaN), before and after rounding to bf16.
+// calls of every length 1..40 (the masked tail): for silu and both swiglu
+// kinds (with and without a limit), the AVX-512 path gives the scalar path's
+// bits (any NaN for a NaN), before and after rounding to bf16.
 TEST(ActivateBf16N, Avx512SameBitsAsScalar) {
   if (!moejit::jit::isa_available(moejit::jit::Isa::avx512)) GTEST_SKIP() << "this CPU lacks avx512";
   std::vector<float> gate, up;
   std::mt19937 rng(5);
-  const float ups[] = {1.0f, -0.75f, 3.5e-3f, 1e30f, -0.0f};
+  const float ups[] = {1.0f, -0.75f, 3.5e-3f, 1e30f, -0.0f, 9.0f, -8.0f};
   for (uint32_t b = 0; b < 0x10000u; ++b)
     for (float u : ups) {
       gate.push_back(fm::bf16_to_f32(uint16_t(b)));
@@ -65,32 +66,43 @@ TEST(ActivateBf16N, Avx512SameBitsAsScalar) {
     gate.push_back(g);
     up.push_back(float(int(rng() % 2001) - 1000) / 64.0f);
   }
-  ActivationParams p;
-  p.kind = MOEJIT_ACT_SILU;
-  for (bool rounded : {false, true}) {
-    std::vector<float> want(gate.size()), got(gate.size());
-    if (rounded)
-      moejit::activate_bf16_n(p, gate.data(), up.data(), want.data(), int64_t(gate.size()));
-    else
-      moejit::silu_f32_n(gate.data(), up.data(), want.data(), int64_t(gate.size()), moejit::jit::Isa::scalar);
-    size_t i = 0;
-    for (int64_t len = 1; i < gate.size(); len = len % 40 + 1) {
-      const int64_t n = std::min<int64_t>(len, int64_t(gate.size() - i));
+  struct Case {
+    moejit_activation kind;
+    float limit;
+  };
+  for (const Case c : {Case{MOEJIT_ACT_SILU, 0.0f}, Case{MOEJIT_ACT_SWIGLU_OAI, 7.0f},
+                       Case{MOEJIT_ACT_SWIGLU_OAI, 0.0f}, Case{MOEJIT_ACT_SWIGLU_CLAMP, 7.0f}}) {
+    ActivationParams p;
+    p.kind = c.kind;
+    p.limit = c.limit;
+    for (bool rounded : {false, true}) {
+      std::vector<float> want(gate.size()), got(gate.size());
       if (rounded)
-        moejit::activate_bf16_n(p, gate.data() + i, up.data() + i, got.data() + i, n,
-                                moejit::jit::Isa::avx512);
+        moejit::activate_bf16_n(p, gate.data(), up.data(), want.data(), int64_t(gate.size()));
       else
-        moejit::silu_f32_n(gate.data() + i, up.data() + i, got.data() + i, n, moejit::jit::Isa::avx512);
-      i += size_t(n);
+        moejit::activate_f32_n(p, gate.data(), up.data(), want.data(), int64_t(gate.size()),
+                               moejit::jit::Isa::scalar);
+      size_t i = 0;
+      for (int64_t len = 1; i < gate.size(); len = len % 40 + 1) {
+        const int64_t n = std::min<int64_t>(len, int64_t(gate.size() - i));
+        if (rounded)
+          moejit::activate_bf16_n(p, gate.data() + i, up.data() + i, got.data() + i, n,
+                                  moejit::jit::Isa::avx512);
+        else
+          moejit::activate_f32_n(p, gate.data() + i, up.data() + i, got.data() + i, n,
+                                 moejit::jit::Isa::avx512);
+        i += size_t(n);
+      }
+      size_t bad = 0;
+      for (size_t k = 0; k < gate.size(); ++k) {
+        const bool same = std::isnan(want[k]) ? std::isnan(got[k]) : bits(want[k]) == bits(got[k]);
+        if (!same && ++bad <= 3)
+          ADD_FAILURE() << "kind " << int(c.kind) << " limit " << c.limit << (rounded ? " bf16" : " fp32")
+                        << ": gate " << gate[k] << " up " << up[k] << ": scalar " << want[k] << ", avx512 "
+                        << got[k];
+      }
+      EXPECT_EQ(bad, 0u) << "kind " << int(c.kind) << " limit " << c.limit << (rounded ? ", bf16" : ", fp32");
     }
-    size_t bad = 0;
-    for (size_t k = 0; k < gate.size(); ++k) {
-      const bool same = std::isnan(want[k]) ? std::isnan(got[k]) : bits(want[k]) == bits(got[k]);
-      if (!same && ++bad <= 5)
-        ADD_FAILURE() << (rounded ? "bf16" : "fp32") << ": gate " << gate[k] << " up " << up[k] << ": scalar "
-                      << want[k] << ", avx512 " << got[k];
-    }
-    EXPECT_EQ(bad, 0u) << (rounded ? "rounded to bf16" : "fp32");
   }
 }
 
