@@ -958,15 +958,15 @@ class GemvGenerator : public Generator {
     }
   }
 
+  // q4_0 steps of cnt elements decoded by the two-load gather, which also leaves
+  // the chunk's d vector in v_scale for apply_block_scale.
+  bool q4_gathers(int cnt) const { return q4_vbmi_ && cnt == plan_.step; }
+
   // 64 8-bit floats (e4m3 or e5m2) -> 2 x 32 bf16 through byte tables: lo/hi = table[b & 127],
   // hi |= b & 0x80, then unpack; the activations are stored in that order
   // (XLayout::bf16_perm64). One load and two register copies: reading the bytes
   // three times (twice as table indices, once in vpternlogd) made the kernel 20-25%
   // slower on L2-resident weights, as 512-bit loads issue one per cycle here.
-  // q4_0 steps of cnt elements decoded by the two-load gather, which also leaves
-  // the chunk's d vector in v_scale for apply_block_scale.
-  bool q4_gathers(int cnt) const { return q4_vbmi_ && cnt == plan_.step; }
-
   void emit_e4m3_lut64(int off, bool partial) {
     const Zmm b = Zmm(v_w(1).getIdx()), lo = Zmm(v_t(0).getIdx()), hi = Zmm(v_t(1).getIdx());
     if (partial)

@@ -95,30 +95,37 @@ bool has_avx512(jit::Isa isa) { return isa == jit::Isa::avx512 || isa == jit::Is
 }  // namespace
 #endif
 
-void activate_bf16_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
-                     jit::Isa isa) {
+namespace {
+
+// activate() of every value, rounded to bf16 or not, on the AVX-512 path when
+// the kind and the tier have it.
+void activate_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
+                jit::Isa isa, bool round) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (vectorized(p.kind) && has_avx512(isa)) {
-    act_avx512(p, gate, up, out, n, true);
+    act_avx512(p, gate, up, out, n, round);
     return;
   }
 #else
   (void)isa;
 #endif
-  activate_bf16_n(p, gate, up, out, n);
+  if (round) {
+    activate_bf16_n(p, gate, up, out, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = activate(p, gate[i], up[i]);
+}
+
+}  // namespace
+
+void activate_bf16_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
+                     jit::Isa isa) {
+  activate_n(p, gate, up, out, n, isa, true);
 }
 
 void activate_f32_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
                     jit::Isa isa) {
-#if defined(__x86_64__) || defined(_M_X64)
-  if (vectorized(p.kind) && has_avx512(isa)) {
-    act_avx512(p, gate, up, out, n, false);
-    return;
-  }
-#else
-  (void)isa;
-#endif
-  for (int64_t i = 0; i < n; ++i) out[i] = activate(p, gate[i], up[i]);
+  activate_n(p, gate, up, out, n, isa, false);
 }
 
 }  // namespace moejit
