@@ -105,6 +105,16 @@ inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
 // one token, where the hardware prefetchers do the rest).
 inline bool streams_with_prefetch(int32_t format) { return format != 0 /* bf16 */; }
 
+// Each prefetch of a later call's line comes with a second one, of the line
+// kNearPrefetchBytes ahead of the cursor in this call's own stream (also into
+// L2). The later-call prefetches alone leave demand misses: measured on Zen 4,
+// Qwen3-30B-A3B layer, in-process A/B on cold experts (PERFORMANCE.md,
+// session 6), fp8_block one thread 82-85% -> 85-89% of the read bandwidth, two
+// threads 87% -> 91-93%, q8_0 and mxfp8 two threads +3-5 points; the near
+// prefetch alone reads 66%. 2 KiB was no better than none, 4-8 KiB alike.
+// Past the end of a matrix it reads nothing: prefetches do not fault.
+inline constexpr int kNearPrefetchBytes = 4096;
+
 // Flags the runtime uses for a kernel of this tier and format on this CPU
 // (kFlagNoVbmi where the byte tables cannot be used).
 uint32_t runtime_flags(Isa isa, int32_t format, int32_t group);

@@ -417,8 +417,15 @@ class GemvGenerator : public Generator {
     pf_next_ = 0;
     pf_span_ = span;
   }
+  // The next prefetch pair: the later call's line, and this stream's line
+  // kNearPrefetchBytes ahead.
+  void emit_prefetch() {
+    prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
+    prefetcht1(ptr[reg_wk + pf_next_ + kNearPrefetchBytes]);
+    pf_next_ += pf_stride();
+  }
   void finish_prefetch_span() {
-    for (; pf_next_ < pf_span_; pf_next_ += pf_stride()) prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
+    while (pf_next_ < pf_span_) emit_prefetch();
   }
 
   // Byte displacements of the block being emitted inside an unrolled loop body.
@@ -724,11 +731,9 @@ class GemvGenerator : public Generator {
       if (cnt < plan_.step && isa_ != Isa::avx2) set_tail_mask(cnt);
       // Each line read is matched by a prefetch of the same line of a later
       // call (into L2: measured ~1.5x faster cold than L1 prefetches here), or
-      // one per kSparsePrefetchBytes in bf16 one-token kernels.
-      while (pf_next_ <= w_byte(off) && pf_next_ < pf_span_) {
-        prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
-        pf_next_ += pf_stride();
-      }
+      // one per kSparsePrefetchBytes in bf16 one-token kernels, and by one of
+      // the line kNearPrefetchBytes ahead.
+      while (pf_next_ <= w_byte(off) && pf_next_ < pf_span_) emit_prefetch();
       if (cnt == plan_.step) phase("decode");
       const int nvec = load_weights(off, cnt);
       if (cnt == plan_.step) phase("fma");

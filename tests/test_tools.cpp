@@ -307,6 +307,60 @@ INSTANTIATE_TEST_SUITE_P(All, TierListing, ::testing::ValuesIn(tier_cases()),
                            return std::string(i.param.name);
                          });
 
+// Every prefetch of a later call's line (base + distance register) is paired
+// with one of the same offset kNearPrefetchBytes ahead in the call's own stream
+// (base only), and the later call's lines are covered with no gap: offsets 0,
+// s, 2s, ... with s = 64 (one per line) or 1024 (bf16, one token).
+TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
+  if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
+  const jit::Isa isa = jit::host_isa();
+  if (isa == jit::Isa::scalar) GTEST_SKIP() << "no JIT tier on this CPU";
+  struct Case {
+    Format format;
+    int64_t k;
+    int tokens;
+    int64_t stride;
+  };
+  const Case cases[] = {{Format::fp8_block, 1000, 1, 64}, {Format::fp8_block, 2048, 4, 64},
+                        {Format::q8_0, 1024, 1, 64},      {Format::mxfp4, 2880, 1, 64},
+                        {Format::q4_0, 768, 2, 64},       {Format::bf16, 2048, 1, 1024},
+                        {Format::bf16, 1000, 3, 64}};
+  const std::regex far_re(R"(prefetcht1 \[(r\w+)\+(r\w+)\*1(?:\+0x([0-9a-f]+))?\])");
+  const std::regex near_re(R"(prefetcht1 \[(r\w+)\+0x([0-9a-f]+)\])");
+  for (const Case& c : cases) {
+    tools::MatrixSpec spec;
+    spec.format = c.format;
+    spec.k = c.k;
+    spec.isa = isa;
+    const jit::KernelKey key = tools::runtime_key(spec, 3, c.tokens);
+    std::string err, listing;
+    auto k = jit::global_cache().get(key, &err);
+    ASSERT_TRUE(k) << key.name() << ": " << err;
+    ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
+    std::multiset<int64_t> far, near;
+    std::set<std::string> bases;
+    for (const auto& line : instruction_lines(listing)) {
+      std::smatch m;
+      if (std::regex_search(line, m, far_re)) {
+        far.insert(m[3].matched ? std::stoll(m[3].str(), nullptr, 16) : 0);
+        bases.insert(m[1].str());
+      } else if (std::regex_search(line, m, near_re)) {
+        near.insert(std::stoll(m[2].str(), nullptr, 16) - jit::kNearPrefetchBytes);
+        bases.insert(m[1].str());
+      }
+    }
+    ASSERT_FALSE(far.empty()) << key.name() << " prefetches no later call";
+    EXPECT_EQ(near, far) << key.name() << ": the near prefetches do not pair with the later call's";
+    EXPECT_EQ(bases.size(), 1u) << key.name() << ": prefetches from more than one cursor";
+    const std::set<int64_t> offsets(far.begin(), far.end());
+    int64_t expect = 0;
+    for (int64_t off : offsets) {
+      EXPECT_EQ(off, expect) << key.name() << ": a later call's line is not prefetched";
+      expect = off + c.stride;
+    }
+  }
+}
+
 // The listing covers every byte once: offsets strictly increase and the last
 // line ends at the code size.
 TEST(Listing, CoversTheWholeCode) {
