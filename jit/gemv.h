@@ -107,13 +107,15 @@ inline bool streams_with_prefetch(int32_t format) { return format != 0 /* bf16 *
 
 // Each prefetch of a later call's line comes with a second one, of the line
 // kNearPrefetchBytes ahead of the cursor in this call's own stream (also into
-// L2). The later-call prefetches alone leave demand misses: measured on Zen 4,
-// Qwen3-30B-A3B layer, in-process A/B on cold experts (PERFORMANCE.md,
-// session 6), fp8_block one thread 82-85% -> 85-89% of the read bandwidth, two
-// threads 87% -> 91-93%, q8_0 and mxfp8 two threads +3-5 points; the near
-// prefetch alone reads 66%. 2 KiB was no better than none, 4-8 KiB alike.
-// Past the end of a matrix it reads nothing: prefetches do not fault.
-inline constexpr int kNearPrefetchBytes = 4096;
+// L2): the later-call prefetches alone leave demand misses. Measured on Zen 4,
+// Qwen3-30B-A3B layer, cold experts, kernels built both ways alternating in one
+// process (PERFORMANCE.md, session 6): fp8_block with one thread 82-85% of the
+// read bandwidth without it, 85-89% with it; two threads 87% -> 91-93%; q8_0
+// and mxfp8 with two threads +3-5 points. The near prefetch alone reads 66%;
+// 2 KiB ahead is no better than none, 4-8 KiB alike (6 KiB one or two points
+// above 4 with one thread). Past a matrix's last row it is a hint that never
+// faults.
+inline constexpr int kNearPrefetchBytes = 6144;
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU
 // (kFlagNoVbmi where the byte tables cannot be used).
