@@ -81,10 +81,16 @@ __attribute__((target("avx512f"))) __m512 round_bf16_16(__m512 v) {
 }
 
 __attribute__((target("avx512f"))) void act_avx512(const ActivationParams& p, const float* gate,
-                                                   const float* up, float* out, int64_t n, bool round) {
+                                                   const float* up, float* out, int64_t n, bool round,
+                                                   bool round_in) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1u);
-    __m512 v = act16(p, _mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i));
+    __m512 g = _mm512_maskz_loadu_ps(m, gate + i), u = _mm512_maskz_loadu_ps(m, up + i);
+    if (round_in) {
+      g = round_bf16_16(g);
+      u = round_bf16_16(u);
+    }
+    __m512 v = act16(p, g, u);
     if (round) v = round_bf16_16(v);
     _mm512_mask_storeu_ps(out + i, m, v);
   }
@@ -97,18 +103,26 @@ bool has_avx512(jit::Isa isa) { return isa == jit::Isa::avx512 || isa == jit::Is
 
 namespace {
 
-// activate() of every value, rounded to bf16 or not, on the AVX-512 path when
-// the kind and the tier have it.
+// activate() of every value, rounded to bf16 or not, of gate and up as given
+// or rounded to bf16 first (round_in), on the AVX-512 path when the kind and
+// the tier have it.
 void activate_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
-                jit::Isa isa, bool round) {
+                jit::Isa isa, bool round, bool round_in = false) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (vectorized(p.kind) && has_avx512(isa)) {
-    act_avx512(p, gate, up, out, n, round);
+    act_avx512(p, gate, up, out, n, round, round_in);
     return;
   }
 #else
   (void)isa;
 #endif
+  if (round_in) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = activate(p, formats::round_bf16(gate[i]), formats::round_bf16(up[i]));
+      out[i] = round ? formats::round_bf16(v) : v;
+    }
+    return;
+  }
   if (round) {
     activate_bf16_n(p, gate, up, out, n);
     return;
@@ -126,6 +140,11 @@ void activate_bf16_n(const ActivationParams& p, const float* gate, const float* 
 void activate_f32_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
                     jit::Isa isa) {
   activate_n(p, gate, up, out, n, isa, false);
+}
+
+void activate_bf16_in_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
+                        jit::Isa isa) {
+  activate_n(p, gate, up, out, n, isa, true, true);
 }
 
 }  // namespace moejit

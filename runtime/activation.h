@@ -85,6 +85,11 @@ inline void activate_bf16_n(const ActivationParams& p, const float* gate, const 
 // when `isa` has AVX-512 (same bits: the same operations in the same order).
 void activate_bf16_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
                      jit::Isa isa);
+// ds_fp4's pass 1 (formats.md): gate and up rounded to bf16 before the
+// activation, out[i] = round_bf16(activate(p, round_bf16(gate[i]),
+// round_bf16(up[i]))), by the same two paths (out may be gate or up).
+void activate_bf16_in_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,
+                        jit::Isa isa);
 // out[i] = activate(p, gate[i], up[i]), not rounded, by the same two paths:
 // for tests that compare them bit for bit.
 void activate_f32_n(const ActivationParams& p, const float* gate, const float* up, float* out, int64_t n,

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include "runtime/ds_round.h"
+
 namespace moejit {
 
 moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConfig& cfg,
@@ -62,7 +64,7 @@ moejit_status LinearLayer::submit(int32_t T, const uint16_t* x, void* y, bool sy
   for (int32_t t = 0; t < T; ++t) {
     const uint16_t* xt = x + int64_t(t) * cfg_.cols;
     if (!x_rt_.empty()) {  // ds_fp4
-      formats::ds_act_roundtrip(xt, cfg_.cols, x_rt_.data());
+      ds_act_roundtrip_n(xt, cfg_.cols, x_rt_.data(), ctx_->isa());
       xt = x_rt_.data();
     }
     mm_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, xt);

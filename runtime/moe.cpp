@@ -5,6 +5,8 @@
 #include <cstring>
 #include <new>
 
+#include "runtime/ds_round.h"
+
 namespace moejit {
 
 using formats::Format;
@@ -150,7 +152,7 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
   for (int32_t t = 0; t < T; ++t) {
     const uint16_t* xt = x + int64_t(t) * cfg_.hidden;
     if (ds_) {
-      formats::ds_act_roundtrip(xt, cfg_.hidden, x_rt_.data());
+      ds_act_roundtrip_n(xt, cfg_.hidden, x_rt_.data(), ctx_->isa());
       xt = x_rt_.data();
     }
     mm_gu_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, xt);
@@ -294,12 +296,12 @@ void MoeLayer::pass1(int64_t item, int worker) {
       mm_dn_.x_store_n(g, j0, gt, n);
       continue;
     }
-    for (int64_t i = 0; i < n; ++i)
-      gq[i] =
-          formats::f32_to_bf16(activate(cfg_.act, formats::round_bf16(gt[i]), formats::round_bf16(ut[i])));
+    activate_bf16_in_n(cfg_.act, gt, ut, gt, n, ctx_->isa());
+    for (int64_t i = 0; i < n; ++i) gq[i] = formats::f32_to_bf16(gt[i]);  // exact: gt holds bf16 values
     // j0 is a multiple of 128 and n <= 128: gq is exactly one 128-block of g.
-    formats::ds_act_roundtrip(gq, n, gq);
-    for (int64_t i = 0; i < n; ++i) mm_dn_.x_store(g, j0 + i, formats::bf16_to_f32(gq[i]));
+    ds_act_roundtrip_n(gq, n, gq, ctx_->isa());
+    for (int64_t i = 0; i < n; ++i) gt[i] = formats::bf16_to_f32(gq[i]);
+    mm_dn_.x_store_n(g, j0, gt, n);
   }
 }
 

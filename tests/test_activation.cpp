@@ -106,4 +106,47 @@ TEST(ActivateBf16N, Avx512SameBitsAsScalar) {
   }
 }
 
+// ds_fp4's pass 1: gate and up rounded to bf16 before the activation, by the
+// AVX-512 loop and by the scalar one, against the formula written out.
+TEST(ActivateBf16InN, BothPathsRoundTheInputs) {
+  std::vector<float> gate, up;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
+  for (int i = 0; i < 300000; ++i) {
+    gate.push_back(nd(rng));  // fp32 values: rounding them to bf16 first matters
+    up.push_back(nd(rng));
+  }
+  for (const float g : {NAN, INFINITY, -INFINITY, 3.3895314e38f, -0.0f}) {
+    gate.push_back(g);
+    up.push_back(1.25f);
+  }
+  std::vector<moejit::jit::Isa> tiers = {moejit::jit::Isa::scalar};
+  if (moejit::jit::isa_available(moejit::jit::Isa::avx512)) tiers.push_back(moejit::jit::Isa::avx512);
+  for (const moejit_activation kind : {MOEJIT_ACT_SILU, MOEJIT_ACT_SWIGLU_OAI, MOEJIT_ACT_GELU}) {
+    ActivationParams p;
+    p.kind = kind;
+    p.limit = kind == MOEJIT_ACT_SWIGLU_OAI ? 7.0f : 0.0f;
+    for (const moejit::jit::Isa isa : tiers) {
+      std::vector<float> got(gate.size());
+      size_t i = 0;
+      for (int64_t len = 1; i < gate.size(); len = len % 40 + 1) {
+        const int64_t n = std::min<int64_t>(len, int64_t(gate.size() - i));
+        moejit::activate_bf16_in_n(p, gate.data() + i, up.data() + i, got.data() + i, n, isa);
+        i += size_t(n);
+      }
+      size_t bad = 0;
+      for (size_t k = 0; k < gate.size(); ++k) {
+        const float want =
+            fm::round_bf16(moejit::activate(p, fm::round_bf16(gate[k]), fm::round_bf16(up[k])));
+        const bool same = std::isnan(want) ? std::isnan(got[k]) : bits(want) == bits(got[k]);
+        if (!same && ++bad <= 3)
+          ADD_FAILURE() << "kind " << int(kind) << " tier " << moejit::jit::isa_name(isa) << ": gate "
+                        << gate[k] << " up " << up[k] << ": want " << want << ", got " << got[k];
+      }
+      EXPECT_EQ(bad, 0u) << "kind " << int(kind) << " tier " << moejit::jit::isa_name(isa);
+    }
+  }
+  if (tiers.size() == 1) GTEST_SKIP() << "this CPU lacks avx512: only the scalar path was checked";
+}
+
 }  // namespace
