@@ -5,6 +5,8 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+
+#include "runtime/avx512_util.h"
 #endif
 
 namespace moejit {
@@ -12,15 +14,9 @@ namespace moejit {
 #if defined(__x86_64__) || defined(_M_X64)
 namespace {
 
-// Shifts by a constant, in the zero-masking form with every lane kept: GCC 12
-// warns (-Wmaybe-uninitialized) about the unmasked forms' internal undefined
-// vector.
-__attribute__((target("avx512f"))) __m512i sll(__m512i a, int n) {
-  return _mm512_maskz_sllv_epi32(0xFFFF, a, _mm512_set1_epi32(n));
-}
-__attribute__((target("avx512f"))) __m512i srl(__m512i a, int n) {
-  return _mm512_maskz_srlv_epi32(0xFFFF, a, _mm512_set1_epi32(n));
-}
+using avx512::first_lanes16;
+using avx512::sll32;
+using avx512::srl32;
 
 // sigmoidf (with exp_act) of activation.h, 16 lanes at a time: every
 // operation as there, in the same order.
@@ -44,9 +40,9 @@ __attribute__((target("avx512f"))) __m512 sigmoid16(__m512 z) {
   p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), r), _mm512_set1_ps(1.0f));
   const __m512i sb =
-      sll(_mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000)),
-                           _mm512_set1_epi32(126)),
-          23);
+      sll32(_mm512_add_epi32(_mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(0x4B400000)),
+                             _mm512_set1_epi32(126)),
+            23);
   const __m512 e = _mm512_mul_ps(_mm512_mul_ps(p, _mm512_castsi512_ps(sb)), _mm512_set1_ps(2.0f));
   return _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
@@ -74,17 +70,17 @@ __attribute__((target("avx512f"))) __m512 round_bf16_16(__m512 v) {
   const __m512i vb = _mm512_castps_si512(v);
   const __m512i abs = _mm512_and_si512(vb, _mm512_set1_epi32(0x7FFFFFFF));
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7F800000));
-  const __m512i lsb = _mm512_and_si512(srl(vb, 16), _mm512_set1_epi32(1));
-  const __m512i rne = srl(_mm512_add_epi32(_mm512_add_epi32(vb, _mm512_set1_epi32(0x7FFF)), lsb), 16);
-  const __m512i qnan = _mm512_or_si512(srl(vb, 16), _mm512_set1_epi32(0x40));
-  return _mm512_castsi512_ps(sll(_mm512_mask_blend_epi32(nan, rne, qnan), 16));
+  const __m512i lsb = _mm512_and_si512(srl32(vb, 16), _mm512_set1_epi32(1));
+  const __m512i rne = srl32(_mm512_add_epi32(_mm512_add_epi32(vb, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+  const __m512i qnan = _mm512_or_si512(srl32(vb, 16), _mm512_set1_epi32(0x40));
+  return _mm512_castsi512_ps(sll32(_mm512_mask_blend_epi32(nan, rne, qnan), 16));
 }
 
 __attribute__((target("avx512f"))) void act_avx512(const ActivationParams& p, const float* gate,
                                                    const float* up, float* out, int64_t n, bool round,
                                                    bool round_in) {
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1u);
+    const __mmask16 m = first_lanes16(n - i);
     __m512 g = _mm512_maskz_loadu_ps(m, gate + i), u = _mm512_maskz_loadu_ps(m, up + i);
     if (round_in) {
       g = round_bf16_16(g);

@@ -4,6 +4,8 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
+
+#include "runtime/avx512_util.h"
 #endif
 
 namespace moejit {
@@ -13,18 +15,9 @@ namespace {
 
 #define MOEJIT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
-// Shifts by a constant in the zero-masking form (GCC 12 warns about the
-// unmasked forms' internal undefined vector).
-MOEJIT_AVX512 __m512i sll(__m512i a, int n) {
-  return _mm512_maskz_sllv_epi32(0xFFFF, a, _mm512_set1_epi32(n));
-}
-MOEJIT_AVX512 __m512i srl(__m512i a, int n) {
-  return _mm512_maskz_srlv_epi32(0xFFFF, a, _mm512_set1_epi32(n));
-}
-
-MOEJIT_AVX512 __mmask16 lanes16(int64_t left) {
-  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
-}
+using avx512::first_lanes16;
+using avx512::sll32;
+using avx512::srl32;
 
 // Largest |bf16| bit pattern of n <= 128 values (NaN above inf, as the scalar loop).
 MOEJIT_AVX512 uint32_t amax_bits(const uint16_t* src, int64_t n) {
@@ -37,7 +30,7 @@ MOEJIT_AVX512 uint32_t amax_bits(const uint16_t* src, int64_t n) {
   }
   const __m512i lo = _mm512_and_si512(m, _mm512_set1_epi32(0xFFFF));
   alignas(64) uint32_t w[16];
-  _mm512_store_si512(w, _mm512_maskz_max_epu32(0xFFFF, lo, srl(m, 16)));
+  _mm512_store_si512(w, _mm512_maskz_max_epu32(0xFFFF, lo, srl32(m, 16)));
   uint32_t r = 0;
   for (uint32_t x : w) r = x > r ? x : r;
   return r;
@@ -51,7 +44,7 @@ MOEJIT_AVX512 __m512 e4m3_round16(__m512 f) {
   const __m512i u = _mm512_castps_si512(f);
   const __m512i sign = _mm512_and_si512(u, _mm512_set1_epi32(INT32_MIN));
   const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
-  const __m512i odd = _mm512_and_si512(srl(a, 20), _mm512_set1_epi32(1));
+  const __m512i odd = _mm512_and_si512(srl32(a, 20), _mm512_set1_epi32(1));
   const __m512i normal =
       _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)), odd),
                        _mm512_set1_epi32(int32_t(0xFFF00000u)));
@@ -76,13 +69,13 @@ MOEJIT_AVX512 void roundtrip_avx512(const uint16_t* src, int64_t n, uint16_t* ds
     const float s = formats::ds_act_scale(formats::bf16_to_f32(uint16_t(amax)));
     const __m512 vs = _mm512_set1_ps(s), inv = _mm512_set1_ps(1.0f / s);  // exact: s is a power of two
     for (int64_t i = b0; i < b0 + len; i += 16) {
-      const __mmask16 k = lanes16(b0 + len - i);
+      const __mmask16 k = first_lanes16(b0 + len - i);
       const __m512 x = _mm512_castsi512_ps(
-          sll(_mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(k, src + i)), 16));
+          sll32(_mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_maskz_loadu_epi16(k, src + i)), 16));
       // e4m3 (<= 4 significant bits) times s is exact in bf16: truncating is rounding.
       const __m512 r = _mm512_maskz_mul_ps(0xFFFF, e4m3_round16(_mm512_maskz_mul_ps(0xFFFF, x, inv)), vs);
       _mm256_mask_storeu_epi16(dst + i, k,
-                               _mm512_maskz_cvtepi32_epi16(0xFFFF, srl(_mm512_castps_si512(r), 16)));
+                               _mm512_maskz_cvtepi32_epi16(0xFFFF, srl32(_mm512_castps_si512(r), 16)));
     }
   }
 }
