@@ -110,11 +110,11 @@ inline bool streams_with_prefetch(int32_t format) { return format != 0 /* bf16 *
 // L2): the later-call prefetches alone leave demand misses. Measured on Zen 4,
 // Qwen3-30B-A3B layer, cold experts, kernels built both ways alternating in one
 // process (PERFORMANCE.md, session 6): fp8_block with one thread 82-85% of the
-// read bandwidth without it, 85-89% with it; two threads 87% -> 91-93%; q8_0
-// and mxfp8 with two threads +3-5 points. The near prefetch alone reads 66%;
-// 2 KiB ahead is no better than none, 4-8 KiB alike (6 KiB one or two points
-// above 4 with one thread). Past a matrix's last row it is a hint that never
-// faults.
+// read bandwidth without it, 84-89% with it 4 KiB ahead; two threads 87-88% ->
+// 90-93%; q8_0 with two threads +3-5 points. The near prefetch alone reads
+// 66%; 2 KiB ahead is no better than none, 16 KiB worse, 4-8 KiB alike (6 KiB
+// 0-2 points above 4 with one thread). Past a matrix's last row it is a hint
+// that never faults.
 inline constexpr int kNearPrefetchBytes = 6144;
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU
