@@ -15,6 +15,7 @@ namespace moejit {
 namespace {
 
 using avx512::first_lanes16;
+using avx512::has_avx512;
 using avx512::sll32;
 using avx512::srl32;
 
@@ -91,8 +92,6 @@ __attribute__((target("avx512f"))) void act_avx512(const ActivationParams& p, co
     _mm512_mask_storeu_ps(out + i, m, v);
   }
 }
-
-bool has_avx512(jit::Isa isa) { return isa == jit::Isa::avx512 || isa == jit::Isa::avx512_bf16; }
 
 }  // namespace
 #endif

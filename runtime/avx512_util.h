@@ -6,7 +6,12 @@
 
 #include <cstdint>
 
+#include "jit/kernel_key.h"
+
 namespace moejit::avx512 {
+
+// Whether the tier runs AVX-512 (AVX512F/BW/VL/DQ, jit/cpu.cpp).
+inline bool has_avx512(jit::Isa isa) { return isa == jit::Isa::avx512 || isa == jit::Isa::avx512_bf16; }
 
 // Shifts of every 32-bit lane by a constant, in the zero-masking form with every
 // lane kept: GCC 12 warns (-Wmaybe-uninitialized) about the unmasked forms'
@@ -18,9 +23,12 @@ __attribute__((target("avx512f"))) inline __m512i srl32(__m512i a, int n) {
   return _mm512_maskz_srlv_epi32(0xFFFF, a, _mm512_set1_epi32(n));
 }
 
-// The first min(left, 16) lanes (left >= 1).
+// The first min(left, 16) or min(left, 32) lanes (left >= 1).
 inline __mmask16 first_lanes16(int64_t left) {
   return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1u);
+}
+inline __mmask32 first_lanes32(int64_t left) {
+  return left >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << left) - 1u);
 }
 
 }  // namespace moejit::avx512

@@ -16,6 +16,8 @@ namespace {
 #define MOEJIT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl")))
 
 using avx512::first_lanes16;
+using avx512::first_lanes32;
+using avx512::has_avx512;
 using avx512::sll32;
 using avx512::srl32;
 
@@ -23,10 +25,8 @@ using avx512::srl32;
 MOEJIT_AVX512 uint32_t amax_bits(const uint16_t* src, int64_t n) {
   __m512i m = _mm512_setzero_si512();
   for (int64_t i = 0; i < n; i += 32) {
-    const int64_t left = n - i;
-    const __mmask32 k = left >= 32 ? __mmask32(0xFFFFFFFFu) : __mmask32((1u << left) - 1u);
-    m = _mm512_max_epu16(m,
-                         _mm512_and_si512(_mm512_maskz_loadu_epi16(k, src + i), _mm512_set1_epi16(0x7FFF)));
+    const __m512i v = _mm512_maskz_loadu_epi16(first_lanes32(n - i), src + i);
+    m = _mm512_max_epu16(m, _mm512_and_si512(v, _mm512_set1_epi16(0x7FFF)));
   }
   const __m512i lo = _mm512_and_si512(m, _mm512_set1_epi32(0xFFFF));
   alignas(64) uint32_t w[16];
@@ -85,7 +85,7 @@ MOEJIT_AVX512 void roundtrip_avx512(const uint16_t* src, int64_t n, uint16_t* ds
 
 void ds_act_roundtrip_n(const uint16_t* src, int64_t n, uint16_t* dst, jit::Isa isa) {
 #if defined(__x86_64__) || defined(_M_X64)
-  if (isa == jit::Isa::avx512 || isa == jit::Isa::avx512_bf16) {
+  if (has_avx512(isa)) {
     roundtrip_avx512(src, n, dst);
     return;
   }

@@ -9,11 +9,8 @@
 
 #include "formats/formats.h"
 #include "jit/cpu.h"
+#include "mxcsr.h"
 #include "runtime/ds_round.h"
-
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#endif
 
 namespace {
 
@@ -99,18 +96,16 @@ TEST(DsActRoundTripN, SameBitsUnderAnyMxcsr) {
     }
   std::vector<uint16_t> want(src.size()), got(src.size());
   fm::ds_act_roundtrip(src.data(), int64_t(src.size()), want.data());
-  const unsigned saved = _mm_getcsr();
-  for (unsigned rc : {0x0000u, 0x2000u, 0x4000u, 0x6000u}) {
-    _mm_setcsr((saved & ~0x6000u) | 0x8040u | rc);
+  // Integer comparisons only under the odd MXCSR; under_each_mxcsr restores it.
+  moejit_test::under_each_mxcsr([&](unsigned rc) {
     moejit::ds_act_roundtrip_n(src.data(), int64_t(src.size()), got.data(), Isa::avx512);
-    _mm_setcsr(saved);
     size_t bad = 0;
     for (size_t i = 0; i < src.size(); ++i)
       if (got[i] != want[i] && ++bad <= 4)
         ADD_FAILURE() << std::hex << "mxcsr rc 0x" << rc << ": input 0x" << src[i] << " want 0x" << want[i]
                       << " got 0x" << got[i];
     EXPECT_EQ(bad, 0u) << "rounding control " << std::hex << rc;
-  }
+  });
 }
 #endif
 
