@@ -1,0 +1,158 @@
+// The bytes of every generated kernel, hashed: a refactor of jit/ that means to
+// change no code is checked by comparing this program's output before and after
+// (tests/golden/kernel_hashes.txt, the kernel_bytes test). A deliberate change
+// of generated code regenerates the file with --write and bumps the generator
+// version.
+//
+//   kernel_hashes                 print "name size fnv1a64" per kernel
+//   kernel_hashes --check FILE    compare with FILE; kernels this CPU cannot
+//                                 generate (no VBMI, no tier) are skipped
+//   kernel_hashes --write FILE    write FILE
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "formats/formats.h"
+#include "jit/cpu.h"
+#include "jit/gemv.h"
+
+using namespace moejit;
+using formats::Format;
+
+namespace {
+
+uint64_t fnv1a(const uint8_t* p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// Every key shape the runtime builds today, over the values that change the
+// code: K (block multiples, tails, partial chunks), rows per call (row-group
+// tails, the 128-row fp8_block segment), tokens 1..the register budget,
+// groups, scale dtypes, padded strides and the no-VBMI flag.
+std::vector<jit::KernelKey> all_keys() {
+  std::vector<jit::KernelKey> keys;
+  const Format formats_list[] = {Format::bf16,      Format::nvfp4, Format::mxfp4,      Format::q4_0,
+                                 Format::fp8_block, Format::q8_0,  Format::mxfp8_e4m3, Format::mxfp8_e5m2};
+  const jit::Isa isas[] = {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16};
+  const int ks[] = {16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 768, 1000, 2048, 7168};
+  const int rows_list[] = {1, 3, 16, 17, 128};
+  for (jit::Isa isa : isas)
+    for (Format f : formats_list)
+      for (uint32_t flags : {0u, jit::kFlagNoVbmi}) {
+        if (flags && isa != jit::Isa::avx512_bf16) continue;
+        const bool e2m1 = f == Format::nvfp4 || f == Format::mxfp4;
+        const bool mx8 = f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2;
+        std::vector<int> groups = {0};
+        if (f == Format::nvfp4) groups = {16};
+        if (f == Format::mxfp4 || f == Format::q4_0 || f == Format::q8_0) groups = {32};
+        if (mx8) groups = {32, 64, 128};
+        if (f == Format::fp8_block) groups = {128};
+        for (int group : groups)
+          for (int dtype : {0, 1}) {
+            if (dtype == 1 && f != Format::fp8_block) continue;
+            for (int k : ks) {
+              if (f != Format::bf16 && f != Format::fp8_block && k % std::max(group, 16) != 0) continue;
+              if ((f == Format::q4_0 || f == Format::q8_0 || f == Format::mxfp4) && k % 32 != 0) continue;
+              const int64_t cols = f == Format::fp8_block ? 0 : (group ? k / group : 0);
+              std::vector<int64_t> strides = {0};
+              if (e2m1 || mx8) strides = {cols, cols + 3};
+              for (int64_t stride : strides)
+                for (int rows : rows_list) {
+                  jit::KernelKey key;
+                  key.format = int32_t(f);
+                  key.k = k;
+                  key.rows = rows;
+                  key.scale_stride = stride;
+                  key.scale_dtype = dtype;
+                  key.group = group;
+                  key.isa = isa;
+                  key.flags = flags;
+                  const int max_m = jit::max_tokens_per_call(key);
+                  for (int m = 1; m <= max_m; ++m) {
+                    // Token counts above 4 only at a few shapes: they change the
+                    // accumulator allocation, not the decode.
+                    if (m > 4 && !(rows == 16 && (k == 768 || k == 2048 || k == 1000))) continue;
+                    key.tokens = m;
+                    keys.push_back(key);
+                  }
+                }
+            }
+          }
+      }
+  return keys;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* mode = argc >= 3 ? argv[1] : "";
+  const char* file = argc >= 3 ? argv[2] : nullptr;
+  std::map<std::string, std::string> golden;
+  if (std::strcmp(mode, "--check") == 0) {
+    std::ifstream in(file);
+    if (!in) {
+      std::fprintf(stderr, "kernel_hashes: cannot read %s\n", file);
+      return 2;
+    }
+    std::string line;
+    while (std::getline(in, line)) {
+      const size_t sp = line.find(' ');
+      if (sp != std::string::npos) golden[line.substr(0, sp)] = line.substr(sp + 1);
+    }
+  }
+  std::ostringstream out;
+  int generated = 0, skipped = 0, mismatched = 0, missing = 0;
+  for (const jit::KernelKey& key : all_keys()) {
+    std::string why;
+    if (!jit::gemv_supported(key, &why)) {
+      ++skipped;
+      continue;
+    }
+    auto k = jit::generate_gemv(key, &why);
+    if (!k) {
+      std::fprintf(stderr, "kernel_hashes: %s: %s\n", key.name().c_str(), why.c_str());
+      return 1;
+    }
+    ++generated;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%zu %016" PRIx64, k->code_size(), fnv1a(k->code(), k->code_size()));
+    out << key.name() << ' ' << buf << '\n';
+    if (!golden.empty()) {
+      auto it = golden.find(key.name());
+      if (it == golden.end()) {
+        if (++missing <= 10) std::fprintf(stderr, "not in the golden file: %s\n", key.name().c_str());
+      } else if (it->second != buf) {
+        if (++mismatched <= 10)
+          std::fprintf(stderr, "changed: %s: %s, golden %s\n", key.name().c_str(), buf, it->second.c_str());
+      }
+    }
+  }
+  std::fprintf(stderr, "kernel_hashes: %d kernels generated, %d keys this CPU cannot generate\n", generated,
+               skipped);
+  if (std::strcmp(mode, "--write") == 0) {
+    std::ofstream f(file);
+    f << out.str();
+    return f ? 0 : 1;
+  }
+  if (std::strcmp(mode, "--check") == 0) {
+    if (mismatched || missing) {
+      std::fprintf(stderr, "kernel_hashes: %d kernels differ from %s, %d are not in it\n", mismatched, file,
+                   missing);
+      return 1;
+    }
+    std::fprintf(stderr, "kernel_hashes: every kernel matches %s\n", file);
+    return 0;
+  }
+  std::fputs(out.str().c_str(), stdout);
+  return 0;
+}
