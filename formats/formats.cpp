@@ -5,24 +5,11 @@
 
 namespace moejit::formats {
 
-const char* format_name(Format f) {
-  switch (f) {
-    case Format::bf16: return "bf16";
-    case Format::nvfp4: return "nvfp4";
-    case Format::mxfp4: return "mxfp4";
-    case Format::ds_fp4: return "ds_fp4";
-    case Format::q4_0: return "q4_0";
-    case Format::fp8_block: return "fp8_block";
-    case Format::q8_0: return "q8_0";
-    case Format::mxfp8_e4m3: return "mxfp8_e4m3";
-    case Format::mxfp8_e5m2: return "mxfp8_e5m2";
-  }
-  return "unknown";
-}
+const char* format_name(Format f) { return known_format(int32_t(f)) ? info(f).name : "unknown"; }
 
 bool format_from_name(const char* name, Format* out) {
   for (int32_t f = 0; f <= kMaxFormatId; ++f) {
-    if (std::strcmp(name, format_name(Format(f))) == 0) {
+    if (std::strcmp(name, info(Format(f)).name) == 0) {
       *out = Format(f);
       return true;
     }
@@ -30,7 +17,7 @@ bool format_from_name(const char* name, Format* out) {
   return false;
 }
 
-Format kernel_format(Format f) { return f == Format::ds_fp4 ? Format::mxfp4 : f; }
+Format kernel_format(Format f) { return info(f).kernel; }
 
 static float bits_to_f32(uint32_t u) {
   float f;
@@ -157,26 +144,13 @@ void ds_act_roundtrip(const uint16_t* src, int64_t n, uint16_t* dst) {
   }
 }
 
-bool has_block_scales(Format f) {
-  return f == Format::nvfp4 || f == Format::mxfp4 || f == Format::ds_fp4 || f == Format::fp8_block ||
-         f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2;
-}
+bool has_block_scales(Format f) { return info(f).scale_code != ScaleCode::none; }
 
-bool has_row_scales(Format f) { return f == Format::nvfp4; }
+bool has_row_scales(Format f) { return info(f).row_globals; }
 
 int32_t default_group(Format f, int32_t group_size) {
-  switch (f) {
-    case Format::bf16: return 0;
-    case Format::nvfp4: return 16;
-    case Format::mxfp4:
-    case Format::ds_fp4:
-    case Format::q4_0:
-    case Format::q8_0: return 32;
-    case Format::fp8_block: return 128;
-    case Format::mxfp8_e4m3:
-    case Format::mxfp8_e5m2: return group_size == 0 ? 32 : group_size;
-  }
-  return 0;
+  const FormatInfo& fi = info(f);
+  return fi.api_groups && group_size != 0 ? group_size : fi.group;
 }
 
 bool k_is_valid(Format f, int32_t group, int64_t k, const char** why) {
@@ -184,36 +158,18 @@ bool k_is_valid(Format f, int32_t group, int64_t k, const char** why) {
     *why = "must be >= 1";
     return false;
   }
-  switch (f) {
-    case Format::bf16:
-    case Format::fp8_block: return true;
-    case Format::nvfp4:
-      if (k % 16) *why = "must be a multiple of 16 for nvfp4";
-      return k % 16 == 0;
-    default:
-      if (k % group) {
-        *why = group == 128  ? "must be a multiple of the group size 128"
-               : group == 64 ? "must be a multiple of the group size 64"
-                             : "must be a multiple of 32 for this format";
-        return false;
-      }
-      return true;
-  }
+  const FormatInfo& fi = info(f);
+  if (fi.any_k || k % group == 0) return true;
+  // A group the descriptor picked is named as such.
+  *why = group == fi.group ? fi.k_rule
+         : group == 128    ? "must be a multiple of the group size 128"
+                           : "must be a multiple of the group size 64";
+  return false;
 }
 
 int64_t row_bytes(Format f, int64_t k) {
-  switch (f) {
-    case Format::bf16: return 2 * k;
-    case Format::nvfp4:
-    case Format::mxfp4:
-    case Format::ds_fp4: return k / 2;
-    case Format::q4_0: return k / 32 * 18;
-    case Format::q8_0: return k / 32 * 34;
-    case Format::fp8_block:
-    case Format::mxfp8_e4m3:
-    case Format::mxfp8_e5m2: return k;
-  }
-  return 0;
+  const FormatInfo& fi = info(f);
+  return k / fi.block_elems * fi.block_bytes;
 }
 
 int64_t scale_cols(Format f, int32_t group, int64_t k) {
@@ -222,16 +178,23 @@ int64_t scale_cols(Format f, int32_t group, int64_t k) {
 }
 
 int64_t scale_rows(Format f, int64_t rows) {
-  if (!has_block_scales(f)) return 0;
-  return f == Format::fp8_block ? (rows + 127) / 128 : rows;
+  switch (info(f).scales) {
+    case ScaleKind::row_groups: return rows;
+    case ScaleKind::tile_128: return (rows + 127) / 128;
+    default: return 0;
+  }
 }
 
-int64_t scale_row_of(Format f, int64_t row) { return f == Format::fp8_block ? row / 128 : row; }
+int64_t scale_row_of(Format f, int64_t row) {
+  return info(f).scales == ScaleKind::tile_128 ? row / 128 : row;
+}
 
 int64_t scale_elem_bytes(Format f, ScaleDtype dt) {
-  if (!has_block_scales(f)) return 0;
-  if (f == Format::fp8_block) return dt == ScaleDtype::f32 ? 4 : 2;
-  return 1;  // e4m3 (nvfp4) or e8m0 (mx*)
+  switch (info(f).scale_code) {
+    case ScaleCode::none: return 0;
+    case ScaleCode::bf16_f32: return dt == ScaleDtype::f32 ? 4 : 2;
+    default: return 1;  // e4m3 or e8m0
+  }
 }
 
 namespace {
@@ -243,24 +206,22 @@ struct BlockSource {
 
   // Element value without the block scale (exact in float: <= 11 significant bits).
   float code(int64_t k) const {
-    switch (l.format) {
-      case Format::bf16: return bf16_to_f32(uint16_t(row[2 * k] | row[2 * k + 1] << 8));
-      case Format::nvfp4:
-      case Format::mxfp4:
-      case Format::ds_fp4: {
+    const FormatInfo& fi = info(l.format);
+    switch (fi.element) {
+      case Element::bf16: return bf16_to_f32(uint16_t(row[2 * k] | row[2 * k + 1] << 8));
+      case Element::e2m1: {
         const uint8_t byte = row[k / 2];
         return e2m1_to_f32((k & 1) ? byte >> 4 : byte & 0xF);
       }
-      case Format::q4_0: {
-        const uint8_t* blk = row + k / 32 * 18 + 2;
+      case Element::q4_0: {
+        const uint8_t* blk = row + k / 32 * fi.block_bytes + 2;
         const int j = int(k % 32);
         const int q = j < 16 ? (blk[j] & 0xF) : (blk[j - 16] >> 4);
         return float(q - 8);
       }
-      case Format::q8_0: return float(int8_t(row[k / 32 * 34 + 2 + k % 32]));
-      case Format::fp8_block:
-      case Format::mxfp8_e4m3: return e4m3_to_f32(row[k]);
-      case Format::mxfp8_e5m2: return e5m2_to_f32(row[k]);
+      case Element::int8: return float(int8_t(row[k / 32 * fi.block_bytes + 2 + k % 32]));
+      case Element::e4m3: return e4m3_to_f32(row[k]);
+      case Element::e5m2: return e5m2_to_f32(row[k]);
     }
     return 0.0f;
   }
@@ -268,29 +229,31 @@ struct BlockSource {
 
 // Scale of block b of row r (the factor applied to the block's sum).
 float block_scale(const Layout& l, const MatrixRef& m, int64_t r, int64_t b, const uint8_t* row) {
+  const FormatInfo& fi = info(l.format);
   const int64_t stride = m.scale_stride ? m.scale_stride : l.scale_stride;
-  switch (l.format) {
-    case Format::bf16: return 1.0f;
-    case Format::q4_0: return fp16_to_f32(uint16_t(row[b * 18] | row[b * 18 + 1] << 8));
-    case Format::q8_0: return fp16_to_f32(uint16_t(row[b * 34] | row[b * 34 + 1] << 8));
-    case Format::fp8_block: {
+  switch (fi.scales) {
+    case ScaleKind::none: return 1.0f;
+    case ScaleKind::inline_fp16: {
+      const uint8_t* d = row + b * fi.block_bytes;
+      return fp16_to_f32(uint16_t(d[0] | d[1] << 8));
+    }
+    case ScaleKind::tile_128: {
       const int64_t idx = (r / 128) * stride + b;
       if (l.scale_dtype == ScaleDtype::f32) return static_cast<const float*>(m.scales)[idx];
       return bf16_to_f32(static_cast<const uint16_t*>(m.scales)[idx]);
     }
-    case Format::nvfp4: return e4m3_to_f32(static_cast<const uint8_t*>(m.scales)[r * stride + b]);
-    case Format::mxfp4:
-    case Format::ds_fp4:
-    case Format::mxfp8_e4m3:
-    case Format::mxfp8_e5m2: return e8m0_to_f32(static_cast<const uint8_t*>(m.scales)[r * stride + b]);
+    case ScaleKind::row_groups: {
+      const uint8_t s = static_cast<const uint8_t*>(m.scales)[r * stride + b];
+      return fi.scale_code == ScaleCode::e4m3 ? e4m3_to_f32(s) : e8m0_to_f32(s);
+    }
   }
   return 0.0f;
 }
 
 int64_t block_len(const Layout& l) {
-  switch (l.format) {
-    case Format::bf16: return l.k;
-    case Format::fp8_block: return 128;
+  switch (info(l.format).scales) {
+    case ScaleKind::none: return l.k;
+    case ScaleKind::tile_128: return 128;
     default: return l.group;
   }
 }

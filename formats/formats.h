@@ -1,27 +1,15 @@
-// Per-format traits, element decoders and the scalar reference (the `scalar`
-// tier). Portable C++: no intrinsics, no Xbyak, builds on any architecture.
+// Element decoders, the per-format rules derived from the format table
+// (formats/format_table.h) and the scalar reference (the `scalar` tier).
+// Portable C++: no intrinsics, no Xbyak, builds on any architecture.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
+#include "formats/format_table.h"
+
 namespace moejit::formats {
-
-enum class Format : int32_t {
-  bf16 = 0,
-  nvfp4 = 1,
-  mxfp4 = 2,
-  ds_fp4 = 3,
-  q4_0 = 4,
-  fp8_block = 5,
-  q8_0 = 6,
-  mxfp8_e4m3 = 7,
-  mxfp8_e5m2 = 8,
-};
-constexpr int32_t kMaxFormatId = 8;
-
-enum class ScaleDtype : int32_t { bf16 = 0, f32 = 1 };
 
 const char* format_name(Format f);
 // The format whose format_name() is `name` (exact match); false if none.

@@ -168,8 +168,9 @@ void quantize_fp8_block(const Ctx& c) {
 void quantize_mx(const Ctx& c) {
   const Layout& l = c.l;
   const int g = l.group;
-  const bool fp4 = l.format == Format::mxfp4 || l.format == Format::ds_fp4;
-  const bool e5 = l.format == Format::mxfp8_e5m2;
+  const Element el = info(l.format).element;
+  const bool fp4 = el == Element::e2m1;
+  const bool e5 = el == Element::e5m2;
   const int emax = fp4 ? kEmaxE2m1 : e5 ? kEmaxE5m2 : kEmaxE4m3;
   uint8_t* d = static_cast<uint8_t*>(c.out.data);
   uint8_t* sc = static_cast<uint8_t*>(c.out.scales);
@@ -286,15 +287,11 @@ void quantize_q4_0(const Ctx& c) {
     }
 }
 
+// The group a layout must carry: the format's own, or one the descriptor may pick.
 int32_t required_group(const Layout& l) {
-  switch (l.format) {
-    case Format::bf16: return l.group;
-    case Format::nvfp4: return 16;
-    case Format::fp8_block: return 128;
-    case Format::mxfp8_e4m3:
-    case Format::mxfp8_e5m2: return l.group == 64 || l.group == 128 ? l.group : 32;
-    default: return 32;
-  }
+  const FormatInfo& fi = info(l.format);
+  if (fi.scales == ScaleKind::none || api_group_allowed(fi, l.group)) return l.group;
+  return fi.group;
 }
 
 }  // namespace

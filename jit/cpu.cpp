@@ -2,6 +2,8 @@
 
 #include <xbyak/xbyak_util.h>
 
+#include <utility>
+
 namespace moejit::jit {
 
 const CpuFeatures& host_features() {
@@ -18,27 +20,31 @@ const CpuFeatures& host_features() {
     r.avx512dq = cpu.has(C::tAVX512DQ);
     r.avx512_bf16 = cpu.has(C::tAVX512_BF16);
     r.avx512_vbmi = cpu.has(C::tAVX512_VBMI);
+    const std::pair<uint32_t, bool> bits[] = {{kAvx2, r.avx2},
+                                              {kFma, r.fma},
+                                              {kF16c, r.f16c},
+                                              {kAvx512f, r.avx512f},
+                                              {kAvx512bw, r.avx512bw},
+                                              {kAvx512vl, r.avx512vl},
+                                              {kAvx512dq, r.avx512dq},
+                                              {kAvx512Vbmi, r.avx512_vbmi},
+                                              {kAvx512Bf16, r.avx512_bf16},
+                                              {kAmxBf16, cpu.has(C::tAMX_BF16)}};
+    for (const auto& [bit, on] : bits)
+      if (on) r.bits |= bit;
     return r;
   }();
   return f;
 }
 
 bool isa_available(Isa isa) {
-  const CpuFeatures& f = host_features();
-  const bool avx2 = f.avx2 && f.fma && f.f16c;
-  const bool avx512 = avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
-  switch (isa) {
-    case Isa::scalar: return true;
-    case Isa::avx2: return avx2;
-    case Isa::avx512: return avx512;
-    case Isa::avx512_bf16: return avx512 && f.avx512_bf16;
-  }
-  return false;
+  const TierInfo* t = tier_info(isa);
+  return t && host_features().has(t->features);
 }
 
 Isa host_isa() {
-  for (Isa isa : {Isa::avx512_bf16, Isa::avx512, Isa::avx2})
-    if (isa_available(isa)) return isa;
+  for (int i = kTierCount - 1; i > 0; --i)
+    if (host_features().has(tier(i).features)) return tier(i).isa;
   return Isa::scalar;
 }
 

@@ -1,11 +1,16 @@
 // Host CPU facts moejit cares about (CPUID + OS support, via Xbyak::util::Cpu).
 #pragma once
 
+#include <cstdint>
+
 #include "jit/kernel_key.h"
+#include "jit/tiers.h"
 
 namespace moejit::jit {
 
 struct CpuFeatures {
+  uint32_t bits = 0;  // Feature bits (jit/tiers.h)
+  bool has(uint32_t features) const { return (bits & features) == features; }
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512_bf16 = false;
   bool avx512_vbmi = false;

@@ -5,13 +5,8 @@
 namespace moejit::jit {
 
 const char* isa_name(Isa isa) {
-  switch (isa) {
-    case Isa::scalar: return "scalar";
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
-    case Isa::avx512_bf16: return "avx512_bf16";
-  }
-  return "unknown";
+  const TierInfo* t = tier_info(isa);
+  return t ? t->name : "unknown";
 }
 
 size_t KernelKey::hash() const {
@@ -38,19 +33,14 @@ std::string KernelKey::name() const {
   const auto f = static_cast<formats::Format>(format);
   std::string n = formats::format_name(f);
   n += "_k" + std::to_string(k) + "_r" + std::to_string(rows) + "_m" + std::to_string(tokens);
-  if (formats::has_block_scales(f)) {
+  if (formats::known_format(format) && formats::has_block_scales(f)) {
+    const formats::FormatInfo& fi = formats::info(f);
     n += "_s" + std::to_string(scale_stride);
-    if (f == formats::Format::fp8_block) n += scale_dtype == 1 ? "_f32" : "_bf16";
-    if (f == formats::Format::mxfp8_e4m3 || f == formats::Format::mxfp8_e5m2)
-      n += "_g" + std::to_string(group);
+    if (fi.scale_code == formats::ScaleCode::bf16_f32) n += scale_dtype == 1 ? "_f32" : "_bf16";
+    if (fi.api_groups) n += "_g" + std::to_string(group);
   }
-  n += "_";
-  switch (isa) {
-    case Isa::scalar: n += "scalar"; break;
-    case Isa::avx2: n += "avx2"; break;
-    case Isa::avx512: n += "avx512"; break;
-    case Isa::avx512_bf16: n += "avx512bf16"; break;
-  }
+  const TierInfo* t = tier_info(isa);
+  n += std::string("_") + (t ? t->key_name : "unknown");
   if (flags) n += "_f" + std::to_string(flags);
   return n;
 }

@@ -5,10 +5,11 @@
 #include <cstdint>
 #include <string>
 
+#include "jit/tiers.h"
+
 namespace moejit::jit {
 
-// Same numbers as moejit_isa.
-enum class Isa : int32_t { scalar = 1, avx2 = 2, avx512 = 3, avx512_bf16 = 4 };
+// The tier's name from the tier table ("unknown" outside it).
 const char* isa_name(Isa isa);
 
 struct KernelKey {

@@ -12,6 +12,7 @@
 
 #include "formats/formats.h"
 #include "jit/cpu.h"
+#include "jit/tiers.h"
 #include "moejit.h"
 #include "runtime/context.h"
 #include "runtime/error.h"
@@ -28,19 +29,6 @@ namespace fmt = moejit::formats;
 namespace {
 
 constexpr int kMaxThreads = 1024;
-
-// Formats with generated kernels in this build (others are UNSUPPORTED).
-bool format_implemented(fmt::Format f) {
-  return f == fmt::Format::bf16 || f == fmt::Format::fp8_block || f == fmt::Format::mxfp8_e4m3 ||
-         f == fmt::Format::mxfp8_e5m2 || f == fmt::Format::q4_0 || f == fmt::Format::q8_0 ||
-         f == fmt::Format::mxfp4 || f == fmt::Format::nvfp4 || f == fmt::Format::ds_fp4;
-}
-
-// Formats whose kernels bake the scale row stride (one scale row per weight row).
-bool stride_in_kernel(fmt::Format f) {
-  return f == fmt::Format::mxfp8_e4m3 || f == fmt::Format::mxfp8_e5m2 || f == fmt::Format::mxfp4 ||
-         f == fmt::Format::nvfp4 || f == fmt::Format::ds_fp4;
-}
 
 // struct_size rule: smaller is invalid; larger is fine when the extra bytes are zero.
 bool check_struct_size(const char* fn, const char* what, const void* desc, uint32_t size, size_t known,
@@ -86,27 +74,31 @@ struct FormatArgs {
 };
 
 bool check_format_args(const char* fn, const FormatArgs& a, moejit_status* st) {
-  if (a.format < 0 || a.format > fmt::kMaxFormatId) {
+  if (!fmt::known_format(a.format)) {
     *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->format = %d is not a known format (0..%d)", a.format,
                fmt::kMaxFormatId);
     return false;
   }
   const auto f = static_cast<fmt::Format>(a.format);
-  if (f == fmt::Format::fp8_block) {
+  const fmt::FormatInfo& fi = fmt::info(f);
+  if (fi.scale_code == fmt::ScaleCode::bf16_f32) {
     if (a.scale_dtype != MOEJIT_DTYPE_BF16 && a.scale_dtype != MOEJIT_DTYPE_F32) {
-      *st = fail(MOEJIT_INVALID_ARGUMENT, fn,
-                 "desc->scale_dtype = %d must be 0 (bf16) or 1 (f32) for fp8_block", a.scale_dtype);
+      *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->scale_dtype = %d must be 0 (bf16) or 1 (f32) for %s",
+                 a.scale_dtype, fi.name);
       return false;
     }
   } else if (a.scale_dtype != 0) {
     *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->scale_dtype = %d must be 0 for format %s", a.scale_dtype,
-               fmt::format_name(f));
+               fi.name);
     return false;
   }
-  if ((f == fmt::Format::mxfp8_e4m3 || f == fmt::Format::mxfp8_e5m2) && a.group_size != 0 &&
-      a.group_size != 32 && a.group_size != 64 && a.group_size != 128) {
-    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->group_size = %d must be 0, 32, 64 or 128 for %s",
-               a.group_size, fmt::format_name(f));
+  if (fi.api_groups && a.group_size != 0 && !fmt::api_group_allowed(fi, a.group_size)) {
+    std::string allowed = "0";
+    for (int b = 0; b < 31; ++b)
+      if (fi.api_groups >> b & 1u)
+        allowed += (fi.api_groups >> (b + 1) ? ", " : " or ") + std::to_string(1 << b);
+    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->group_size = %d must be %s for %s", a.group_size,
+               allowed.c_str(), fi.name);
     return false;
   }
   return true;
@@ -173,14 +165,12 @@ bool parse_isa_env(moejit_isa* cap, moejit_status* st, const char* fn) {
   const char* v = std::getenv("MOEJIT_MAX_ISA");
   *cap = MOEJIT_ISA_AUTO;
   if (!v || !*v) return true;
-  for (int i = MOEJIT_ISA_SCALAR; i <= MOEJIT_ISA_AVX512_BF16; ++i) {
-    if (strcasecmp(v, moejit_isa_name(moejit_isa(i))) == 0) {
-      *cap = moejit_isa(i);
-      return true;
-    }
+  if (const moejit::jit::TierInfo* t = moejit::jit::tier_from_name(v)) {
+    *cap = static_cast<moejit_isa>(t->isa);
+    return true;
   }
-  *st = fail(MOEJIT_INVALID_ARGUMENT, fn,
-             "environment MOEJIT_MAX_ISA = \"%.64s\" is not one of scalar, avx2, avx512, avx512_bf16", v);
+  *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "environment MOEJIT_MAX_ISA = \"%.64s\" is not one of %s", v,
+             moejit::jit::tier_names().c_str());
   return false;
 }
 
@@ -207,9 +197,10 @@ moejit_status context_create(const moejit_context_desc* desc, moejit_context** o
   if (desc->num_cpu_ids > 0 && !desc->cpu_ids)
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->cpu_ids is NULL but desc->num_cpu_ids = %d",
                 desc->num_cpu_ids);
-  if (raw_enum(desc->max_isa) < MOEJIT_ISA_AUTO || raw_enum(desc->max_isa) > MOEJIT_ISA_AVX512_BF16)
-    return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->max_isa = %d is not a known tier (0..4)",
-                raw_enum(desc->max_isa));
+  if (raw_enum(desc->max_isa) != MOEJIT_ISA_AUTO &&
+      !moejit::jit::tier_info(moejit::jit::Isa(raw_enum(desc->max_isa))))
+    return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->max_isa = %d is not a known tier (0..%d)",
+                raw_enum(desc->max_isa), int(moejit::jit::tier(moejit::jit::kTierCount - 1).isa));
   if (desc->flags & ~MOEJIT_CONTEXT_NO_DEDUP)
     return fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->flags = 0x%x has unknown bits 0x%x", desc->flags,
                 desc->flags & ~MOEJIT_CONTEXT_NO_DEDUP);
@@ -316,9 +307,7 @@ moejit_status moe_create(moejit_context* ctx, const moejit_moe_desc* d, moejit_m
     if (!check_matrix(fn, name, d->down[e], f, group, H, I, &st)) return st;
   }
   // Support checks come after every validity check.
-  if (!format_implemented(f))
-    return fail(MOEJIT_UNSUPPORTED, fn, "format %s is not implemented in this build", fmt::format_name(f));
-  if (stride_in_kernel(f)) {
+  if (fmt::info(f).stride_in_kernel) {
     const auto stride = [&](const moejit_matrix& m, int64_t k) {
       return m.scale_row_stride ? m.scale_row_stride : fmt::scale_cols(f, group, k);
     };
@@ -408,8 +397,6 @@ moejit_status linear_create(moejit_context* ctx, const moejit_linear_desc* d, mo
                 raw_enum(d->output_dtype));
   if (!check_k(fn, "desc->cols", f, group, d->cols, &st)) return st;
   if (!check_matrix(fn, "desc->weight", d->weight, f, group, d->rows, d->cols, &st)) return st;
-  if (!format_implemented(f))
-    return fail(MOEJIT_UNSUPPORTED, fn, "format %s is not implemented in this build", fmt::format_name(f));
   moejit::LinearConfig cfg;
   cfg.format = f;
   cfg.scale_dtype = static_cast<fmt::ScaleDtype>(d->scale_dtype);
@@ -464,18 +451,13 @@ const char* moejit_status_name(moejit_status s) {
 }
 
 const char* moejit_isa_name(moejit_isa isa) {
-  switch (isa) {
-    case MOEJIT_ISA_AUTO: return "auto";
-    case MOEJIT_ISA_SCALAR: return "scalar";
-    case MOEJIT_ISA_AVX2: return "avx2";
-    case MOEJIT_ISA_AVX512: return "avx512";
-    case MOEJIT_ISA_AVX512_BF16: return "avx512_bf16";
-  }
-  return "unknown";
+  if (isa == MOEJIT_ISA_AUTO) return "auto";
+  const moejit::jit::TierInfo* t = moejit::jit::tier_info(moejit::jit::Isa(int32_t(isa)));
+  return t ? t->name : "unknown";
 }
 
 const char* moejit_format_name(moejit_format f) {
-  if (int(f) < 0 || int(f) > fmt::kMaxFormatId) return "unknown";
+  if (!fmt::known_format(int32_t(f))) return "unknown";
   return fmt::format_name(static_cast<fmt::Format>(f));
 }
 
