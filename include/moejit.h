@@ -43,9 +43,11 @@ typedef enum moejit_format {
 typedef enum moejit_isa {
   MOEJIT_ISA_AUTO = 0,
   MOEJIT_ISA_SCALAR = 1,
-  MOEJIT_ISA_AVX2 = 2,       /* AVX2 + FMA + F16C */
-  MOEJIT_ISA_AVX512 = 3,     /* AVX-512 F + BW + VL + DQ */
-  MOEJIT_ISA_AVX512_BF16 = 4 /* the above + AVX512_BF16 */
+  MOEJIT_ISA_AVX2 = 2,        /* AVX2 + FMA + F16C */
+  MOEJIT_ISA_AVX512 = 3,      /* AVX-512 F + BW + VL + DQ */
+  MOEJIT_ISA_AVX512_BF16 = 4, /* the above + AVX512_BF16 */
+  MOEJIT_ISA_AVX512_AMX = 5   /* added in 0.2: the above + AMX-TILE + AMX-BF16, with the OS's permission
+                                 to use tile data (Linux arch_prctl ARCH_REQ_XCOMP_PERM, asked once) */
 } moejit_isa;
 
 typedef enum moejit_dtype { MOEJIT_DTYPE_BF16 = 0, MOEJIT_DTYPE_F32 = 1 } moejit_dtype;

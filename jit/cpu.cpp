@@ -1,7 +1,12 @@
 #include "jit/cpu.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <xbyak/xbyak_util.h>
 
+#include <cerrno>
+#include <cstring>
+#include <string>
 #include <utility>
 
 namespace moejit::jit {
@@ -29,9 +34,26 @@ const CpuFeatures& host_features() {
                                               {kAvx512dq, r.avx512dq},
                                               {kAvx512Vbmi, r.avx512_vbmi},
                                               {kAvx512Bf16, r.avx512_bf16},
-                                              {kAmxBf16, cpu.has(C::tAMX_BF16)}};
+                                              {kAmxBf16, cpu.has(C::tAMX_BF16)},
+                                              {kAmxTile, cpu.has(C::tAMX_TILE)}};
     for (const auto& [bit, on] : bits)
       if (on) r.bits |= bit;
+    r.tile_data_note = "the CPU has no AMX-TILE";
+    if (r.bits & kAmxTile) {
+      // Linux hands out the large tile state only on request (arch_prctl
+      // ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA); once granted it holds for
+      // the process, so it is asked once, here.
+      constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+      if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0) {
+        r.bits |= kOsTileData;
+        r.tile_data_note = "granted";
+      } else {
+        static std::string why;
+        why = std::string("the OS refused AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM: ") +
+              std::strerror(errno) + ")";
+        r.tile_data_note = why.c_str();
+      }
+    }
     return r;
   }();
   return f;

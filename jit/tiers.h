@@ -11,7 +11,7 @@
 namespace moejit::jit {
 
 // Same numbers as moejit_isa.
-enum class Isa : int32_t { scalar = 1, avx2 = 2, avx512 = 3, avx512_bf16 = 4 };
+enum class Isa : int32_t { scalar = 1, avx2 = 2, avx512 = 3, avx512_bf16 = 4, avx512_amx = 5 };
 
 // CPU features the tiers and decoders ask for (CPUID with OS support), one bit each.
 enum Feature : uint32_t {
@@ -25,8 +25,10 @@ enum Feature : uint32_t {
   kAvx512Vbmi = 1u << 7,
   kAvx512Bf16 = 1u << 8,
   kAmxBf16 = 1u << 9,
+  kAmxTile = 1u << 10,
+  kOsTileData = 1u << 11,  // the OS lets this process use AMX tile data (asked once, jit/cpu.cpp)
 };
-constexpr int kFeatureCount = 10;
+constexpr int kFeatureCount = 12;
 // The name of feature bit i (0..kFeatureCount - 1), as moejit-info prints it.
 const char* feature_name(int bit);
 
@@ -36,16 +38,21 @@ struct TierInfo {
   const char* key_name;  // in kernel names (KernelKey::name), e.g. avx512bf16
   uint32_t features;     // Feature bits the tier needs
   const char* needs;     // those features in words
+  Isa vector_isa;        // the row-streaming kernels it runs for formats without kernels of its own
 };
 
 // Tiers from the lowest (scalar) to the highest.
-constexpr int kTierCount = 4;
+constexpr int kTierCount = 5;
 const TierInfo& tier(int i);
 // The row of a tier id; nullptr for ids outside the table (auto included).
 const TierInfo* tier_info(Isa isa);
 // The tier named `name` (case-insensitive); nullptr if none.
 const TierInfo* tier_from_name(const char* name);
-// "scalar, avx2, avx512, avx512_bf16": the names, for messages.
+// "scalar, avx2, avx512, avx512_bf16, avx512_amx": the names, for messages.
 std::string tier_names();
+// The tier whose kernels a context of tier `tier` runs (the isa of its kernel
+// keys): the tier itself, or its vector tier where it has no kernels of its own
+// (avx512_amx runs avx512_bf16's today).
+Isa kernel_isa(Isa tier);
 
 }  // namespace moejit::jit

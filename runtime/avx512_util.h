@@ -10,8 +10,12 @@
 
 namespace moejit::avx512 {
 
-// Whether the tier runs AVX-512 (AVX512F/BW/VL/DQ, jit/cpu.cpp).
-inline bool has_avx512(jit::Isa isa) { return isa == jit::Isa::avx512 || isa == jit::Isa::avx512_bf16; }
+// Whether the tier runs AVX-512 (AVX512F/BW/VL/DQ: its row in jit/tiers.h needs them).
+inline bool has_avx512(jit::Isa isa) {
+  const jit::TierInfo* t = jit::tier_info(isa);
+  constexpr uint32_t kAvx512 = jit::kAvx512f | jit::kAvx512bw | jit::kAvx512vl | jit::kAvx512dq;
+  return t && (t->features & kAvx512) == kAvx512;
+}
 
 // Shifts of every 32-bit lane by a constant, in the zero-masking form with every
 // lane kept: GCC 12 warns (-Wmaybe-uninitialized) about the unmasked forms'

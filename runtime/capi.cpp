@@ -220,8 +220,10 @@ moejit_status context_create(const moejit_context_desc* desc, moejit_context** o
   if (!parse_isa_env(&env_cap, &st, fn)) return st;
   const moejit_isa host = host_isa_c();
   if (desc->max_isa > host)
-    return fail(MOEJIT_UNSUPPORTED, fn, "desc->max_isa = %s is above this CPU's best tier %s",
-                moejit_isa_name(desc->max_isa), moejit_isa_name(host));
+    return fail(MOEJIT_UNSUPPORTED, fn, "desc->max_isa = %s is above this CPU's best tier %s%s%s",
+                moejit_isa_name(desc->max_isa), moejit_isa_name(host),
+                desc->max_isa == MOEJIT_ISA_AVX512_AMX ? ": " : "",
+                desc->max_isa == MOEJIT_ISA_AVX512_AMX ? moejit::jit::host_features().tile_data_note : "");
   moejit_isa isa = desc->max_isa == MOEJIT_ISA_AUTO ? host : desc->max_isa;
   if (env_cap != MOEJIT_ISA_AUTO && env_cap < isa) isa = env_cap;
   int threads = desc->num_threads;

@@ -11,17 +11,17 @@ namespace moejit {
 using formats::Format;
 
 void Matmul::init(jit::Isa isa, const formats::Layout& layout, uint32_t flags) {
-  isa_ = isa;
+  isa_ = jit::kernel_isa(isa);
   layout_ = layout;
   // ds_fp4 weights are mxfp4 bytes: its dot products are the mxfp4 kernels' (the
   // owning layer applies its activation numerics around them).
   layout_.format = formats::kernel_format(layout.format);
   flags_ = flags;
 #if defined(MOEJIT_HAVE_JIT)
-  flags_ |= jit::runtime_flags(isa, int32_t(layout_.format), layout_.group);
+  flags_ |= jit::runtime_flags(isa_, int32_t(layout_.format), layout_.group);
 #endif
   xlayout_ =
-      isa == jit::Isa::scalar ? jit::XLayout::f32 : jit::x_layout(isa, int32_t(layout_.format), flags_);
+      isa_ == jit::Isa::scalar ? jit::XLayout::f32 : jit::x_layout(isa_, int32_t(layout_.format), flags_);
   // mxfp4 groups are 32 and nvfp4 groups 16 whatever the API's group_size says (ignored for them).
   if (layout_.format == Format::mxfp4) layout_.group = 32;
   if (layout_.format == Format::nvfp4) layout_.group = 16;

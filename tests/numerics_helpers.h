@@ -26,9 +26,6 @@ using CtxPtr = std::unique_ptr<moejit_context, CtxDeleter>;
 using MoePtr = std::unique_ptr<moejit_moe, MoeDeleter>;
 using LinearPtr = std::unique_ptr<moejit_linear, LinearDeleter>;
 
-inline const moejit_isa kTiers[] = {MOEJIT_ISA_SCALAR, MOEJIT_ISA_AVX2, MOEJIT_ISA_AVX512,
-                                    MOEJIT_ISA_AVX512_BF16};
-
 // A context on exactly `tier` (fails the test when the library reports another).
 inline CtxPtr make_ctx(moejit_isa tier, int threads, uint32_t flags = 0,
                        const std::vector<int32_t>* cpus = nullptr) {

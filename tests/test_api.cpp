@@ -3,6 +3,8 @@
 // per-thread error message (api.md).
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -26,7 +28,14 @@ moejit_isa cpuid_tier() {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
       t = MOEJIT_ISA_AVX512;
-      if (__builtin_cpu_supports("avx512bf16")) t = MOEJIT_ISA_AVX512_BF16;
+      if (__builtin_cpu_supports("avx512bf16")) {
+        t = MOEJIT_ISA_AVX512_BF16;
+        // avx512_amx also needs the OS's permission for tile data (asking twice is harmless).
+        constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+        if (__builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+            syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0)
+          t = MOEJIT_ISA_AVX512_AMX;
+      }
     }
   }
   return t;
@@ -50,8 +59,6 @@ int cpu_not_in_mask() {
     if (!CPU_ISSET(i, &set)) return i;
   return -1;
 }
-
-const moejit_isa kTiers[] = {MOEJIT_ISA_SCALAR, MOEJIT_ISA_AVX2, MOEJIT_ISA_AVX512, MOEJIT_ISA_AVX512_BF16};
 
 // Creates a context; returns status, leaves the context (or NULL) in *out.
 moejit_status create(const moejit_context_desc& d, moejit_context** out) {
@@ -126,7 +133,8 @@ TEST_F(Api, IsaNames) {
   EXPECT_STREQ(moejit_isa_name(MOEJIT_ISA_AVX2), "avx2");
   EXPECT_STREQ(moejit_isa_name(MOEJIT_ISA_AVX512), "avx512");
   EXPECT_STREQ(moejit_isa_name(MOEJIT_ISA_AVX512_BF16), "avx512_bf16");
-  for (int v : {5, 8, -1, 1000}) EXPECT_STREQ(moejit_isa_name(static_cast<moejit_isa>(v)), "unknown") << v;
+  EXPECT_STREQ(moejit_isa_name(MOEJIT_ISA_AVX512_AMX), "avx512_amx");
+  for (int v : {6, 8, -1, 1000}) EXPECT_STREQ(moejit_isa_name(static_cast<moejit_isa>(v)), "unknown") << v;
 }
 
 TEST_F(Api, FormatNames) {
@@ -140,7 +148,7 @@ TEST_F(Api, FormatNames) {
 TEST_F(Api, HostIsaMatchesCpuid) {
   const moejit_isa host = moejit_host_isa();
   EXPECT_GE(host, MOEJIT_ISA_SCALAR);
-  EXPECT_LE(host, MOEJIT_ISA_AVX512_BF16);
+  EXPECT_LE(host, MOEJIT_ISA_AVX512_AMX);
 #if defined(__x86_64__)
   EXPECT_EQ(host, cpuid_tier()) << "host " << moejit_isa_name(host) << ", CPUID says "
                                 << moejit_isa_name(cpuid_tier());
@@ -232,8 +240,9 @@ TEST_F(Api, ForcedTierReadBack) {
 
 TEST_F(Api, ForcedTierAboveHostIsUnsupported) {
   const moejit_isa host = moejit_host_isa();
-  if (host == MOEJIT_ISA_AVX512_BF16)
-    GTEST_SKIP() << "host has avx512_bf16, the highest tier: no tier above the host to request";
+  if (host == kHighestTier)
+    GTEST_SKIP() << "host has " << moejit_isa_name(host)
+                 << ", the highest tier: no tier above the host to request";
   for (moejit_isa t : kTiers) {
     if (t <= host) continue;
     SCOPED_TRACE(moejit_isa_name(t));
@@ -242,7 +251,7 @@ TEST_F(Api, ForcedTierAboveHostIsUnsupported) {
 }
 
 TEST_F(Api, MaxIsaOutOfEnumIsInvalid) {
-  for (int v : {5, 6, -1, 1000}) {
+  for (int v : {6, 7, -1, 1000}) {
     SCOPED_TRACE(v);
     expect_context_fails(context_desc(static_cast<moejit_isa>(v), 1), MOEJIT_INVALID_ARGUMENT, "max_isa");
   }
@@ -259,6 +268,8 @@ TEST_F(Api, EnvCapsTierCaseInsensitive) {
   EXPECT_EQ(tier_with_env("Avx512"), min_isa(host, MOEJIT_ISA_AVX512));
   EXPECT_EQ(tier_with_env("avx512_bf16"), min_isa(host, MOEJIT_ISA_AVX512_BF16));
   EXPECT_EQ(tier_with_env("AVX512_BF16"), min_isa(host, MOEJIT_ISA_AVX512_BF16));
+  EXPECT_EQ(tier_with_env("avx512_amx"), min_isa(host, MOEJIT_ISA_AVX512_AMX));
+  EXPECT_EQ(tier_with_env("AVX512_AMX"), min_isa(host, MOEJIT_ISA_AVX512_AMX));
   EXPECT_EQ(tier_with_env(""), host) << "empty = unset";
   EXPECT_EQ(tier_with_env(nullptr), host);
 }

@@ -58,7 +58,7 @@ static void check_enums(void) {
         MOEJIT_FORMAT_DS_FP4 == 3 && MOEJIT_FORMAT_Q4_0 == 4 && MOEJIT_FORMAT_FP8_BLOCK == 5 &&
         MOEJIT_FORMAT_Q8_0 == 6 && MOEJIT_FORMAT_MXFP8_E4M3 == 7 && MOEJIT_FORMAT_MXFP8_E5M2 == 8);
   CHECK(MOEJIT_ISA_AUTO == 0 && MOEJIT_ISA_SCALAR == 1 && MOEJIT_ISA_AVX2 == 2 && MOEJIT_ISA_AVX512 == 3 &&
-        MOEJIT_ISA_AVX512_BF16 == 4);
+        MOEJIT_ISA_AVX512_BF16 == 4 && MOEJIT_ISA_AVX512_AMX == 5);
   CHECK(MOEJIT_DTYPE_BF16 == 0 && MOEJIT_DTYPE_F32 == 1);
   CHECK(MOEJIT_ACT_SILU == 0 && MOEJIT_ACT_GELU == 1 && MOEJIT_ACT_GELU_TANH == 2 &&
         MOEJIT_ACT_SWIGLU_OAI == 3 && MOEJIT_ACT_SWIGLU_CLAMP == 4);
@@ -79,11 +79,12 @@ static void check_trivial_calls(void) {
   CHECK(strcmp(moejit_status_name((moejit_status)6), "unknown") == 0);
   CHECK(strcmp(moejit_status_name((moejit_status)-1), "unknown") == 0);
   CHECK(strcmp(moejit_isa_name(MOEJIT_ISA_AVX512_BF16), "avx512_bf16") == 0);
-  CHECK(strcmp(moejit_isa_name((moejit_isa)5), "unknown") == 0);
+  CHECK(strcmp(moejit_isa_name(MOEJIT_ISA_AVX512_AMX), "avx512_amx") == 0);
+  CHECK(strcmp(moejit_isa_name((moejit_isa)6), "unknown") == 0);
   CHECK(strcmp(moejit_format_name(MOEJIT_FORMAT_FP8_BLOCK), "fp8_block") == 0);
   CHECK(strcmp(moejit_format_name((moejit_format)9), "unknown") == 0);
   CHECK(strcmp(moejit_format_name((moejit_format)-1), "unknown") == 0);
-  CHECK(moejit_host_isa() >= MOEJIT_ISA_SCALAR && moejit_host_isa() <= MOEJIT_ISA_AVX512_BF16);
+  CHECK(moejit_host_isa() >= MOEJIT_ISA_SCALAR && moejit_host_isa() <= MOEJIT_ISA_AVX512_AMX);
   moejit_context_destroy(NULL);
   moejit_moe_destroy(NULL);
   moejit_linear_destroy(NULL);

@@ -36,9 +36,7 @@ class EdgeTier : public ::testing::TestWithParam<moejit_isa> {
   moejit_isa tier_ = MOEJIT_ISA_AUTO;
 };
 
-INSTANTIATE_TEST_SUITE_P(Tiers, EdgeTier,
-                         ::testing::Values(MOEJIT_ISA_SCALAR, MOEJIT_ISA_AVX2, MOEJIT_ISA_AVX512,
-                                           MOEJIT_ISA_AVX512_BF16),
+INSTANTIATE_TEST_SUITE_P(Tiers, EdgeTier, ::testing::ValuesIn(kTiers),
                          [](const auto& info) { return std::string(moejit_isa_name(info.param)); });
 
 uint32_t f32_bits(float f) {

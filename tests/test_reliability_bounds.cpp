@@ -194,9 +194,7 @@ class Bounds : public ::testing::TestWithParam<moejit_isa> {
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(Tiers, Bounds,
-                         ::testing::Values(MOEJIT_ISA_SCALAR, MOEJIT_ISA_AVX2, MOEJIT_ISA_AVX512,
-                                           MOEJIT_ISA_AVX512_BF16),
+INSTANTIATE_TEST_SUITE_P(Tiers, Bounds, ::testing::ValuesIn(kTiers),
                          [](const auto& info) { return std::string(moejit_isa_name(info.param)); });
 
 }  // namespace

@@ -46,6 +46,12 @@ inline ::testing::AssertionResult message_names(const char* function, const std:
   return ::testing::AssertionSuccess();
 }
 
+// Every tier of the API, lowest first (api.md). Tests force each one the host
+// has and skip, with a message, the ones it lacks.
+inline const moejit_isa kTiers[] = {MOEJIT_ISA_SCALAR, MOEJIT_ISA_AVX2, MOEJIT_ISA_AVX512,
+                                    MOEJIT_ISA_AVX512_BF16, MOEJIT_ISA_AVX512_AMX};
+inline constexpr moejit_isa kHighestTier = MOEJIT_ISA_AVX512_AMX;
+
 // Status names for readable failures.
 inline const char* sname(moejit_status s) { return moejit_status_name(s); }
 

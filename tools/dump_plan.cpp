@@ -11,8 +11,9 @@ using formats::Format;
 
 uint32_t runtime_flags(const MatrixSpec& m) {
   const int32_t kf = int32_t(formats::kernel_format(m.format));
-  const uint32_t flags = jit::runtime_flags(m.isa, kf, formats::default_group(m.format, m.group_size));
-  const bool has_vbmi_decode = jit::needs_vbmi(m.isa, kf, 0);
+  const uint32_t flags =
+      jit::runtime_flags(jit::kernel_isa(m.isa), kf, formats::default_group(m.format, m.group_size));
+  const bool has_vbmi_decode = jit::needs_vbmi(jit::kernel_isa(m.isa), kf, 0);
   return m.no_vbmi && has_vbmi_decode ? flags | jit::kFlagNoVbmi : flags;
 }
 
@@ -28,7 +29,7 @@ jit::KernelKey runtime_key(const MatrixSpec& m, int rows, int tokens) {
     key.scale_stride = m.scale_stride > 0 ? m.scale_stride : formats::scale_cols(m.format, group, m.k);
   key.scale_dtype = m.format == Format::fp8_block ? int32_t(m.scale_dtype) : 0;
   key.group = m.format == Format::bf16 ? 0 : group;
-  key.isa = m.isa;
+  key.isa = jit::kernel_isa(m.isa);  // the tier whose kernels the context runs
   key.flags = runtime_flags(m);
   return key;
 }

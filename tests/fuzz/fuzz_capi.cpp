@@ -112,7 +112,7 @@ moejit_isa g_host = MOEJIT_ISA_SCALAR;
 // FUZZ_CAPI_VERBOSE=1: print every descriptor and call (to turn a crashing input into a report).
 bool g_verbose = false;
 // [tier][variant]: variant 0 = 1 worker, 1 = 2 workers without dedup, 2 = 3 workers.
-moejit_context* g_ctx[5][3] = {};
+moejit_context* g_ctx[MOEJIT_ISA_AVX512_AMX + 1][3] = {};
 
 void init() {
   static bool done = false;
@@ -786,14 +786,15 @@ void fuzz_context(Reader& in) {
       break;
     default: break;
   }
-  int32_t isa = int32_t(in.range(0, 4));
-  if (in.chance(8)) isa = in.flag() ? 5 : -1, inv = true;
+  int32_t isa = int32_t(in.range(0, 5));
+  if (in.chance(8)) isa = in.flag() ? 6 : -1, inv = true;
   set_enum(d.max_isa, isa);
   d.flags = in.chance(200) ? (in.flag() ? MOEJIT_CONTEXT_NO_DEDUP : 0) : in.u32();
   if (d.flags & ~uint32_t(MOEJIT_CONTEXT_NO_DEDUP)) inv = true;
 
   // MOEJIT_MAX_ISA: unset, empty, a tier in any case, or anything else.
-  static const char* kEnv[] = {"scalar", "AVX2", "avx512", "Avx512_BF16", "", "avx", "sse", "avx512_bf16 "};
+  static const char* kEnv[] = {"scalar", "AVX2", "avx512",     "Avx512_BF16",
+                               "",       "avx",  "AVX512_amx", "avx512_bf16 "};
   int env_cap = 0;
   std::string env;
   const uint8_t e = in.u8();
@@ -802,13 +803,13 @@ void fuzz_context(Reader& in) {
   } else {
     env = e < 250 ? kEnv[e % 8] : std::string(1, char(in.range(1, 127)));
     setenv("MOEJIT_MAX_ISA", env.c_str(), 1);
-    const char* names[] = {"scalar", "avx2", "avx512", "avx512_bf16"};
+    const char* names[] = {"scalar", "avx2", "avx512", "avx512_bf16", "avx512_amx"};
     bool known = env.empty();
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < 5; ++i)
       if (strcasecmp(env.c_str(), names[i]) == 0) known = true, env_cap = i + 1;
     if (!known) inv = true;
   }
-  if (isa > g_host && isa <= 4) unsupported = true;
+  if (isa > g_host && isa <= 5) unsupported = true;
 
   bool size_inv = false;
   const SizedDesc<moejit_context_desc> sd = sized(in, d, &size_inv);
