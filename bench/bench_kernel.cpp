@@ -1,5 +1,5 @@
 // Google Benchmark: the compute floor of each generated GEMV kernel on one core. The kernel the
-// runtime would build for a 64-row call (tools/dump_plan.h, the keys Matmul resolves) runs over a
+// runtime would build for a 64-row call (runtime/plan.h, the keys Matmul resolves) runs over a
 // matrix small enough to stay in L2 (at most 256 KiB), one call per 64 rows, on the calling
 // thread: no pool, no layer epilogue, no DRAM. Against the one-thread read bandwidth this says
 // whether a format is compute-bound on one core before it is bandwidth-bound (issue #3).
@@ -17,7 +17,7 @@
 #include "formats/formats.h"
 #include "jit/gemv.h"
 #include "jit/kernel_cache.h"
-#include "tools/dump_plan.h"
+#include "runtime/plan.h"
 
 namespace {
 
@@ -36,11 +36,9 @@ const jit::Isa kTiers[] = {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf
 
 // The key the runtime resolves for a kRows-row call of a [*, k] matrix.
 jit::KernelKey kernel_key(moejit_format f, jit::Isa isa, int32_t k, int32_t tokens) {
-  moejit::tools::MatrixSpec spec;
-  spec.format = Format(f);
-  spec.k = k;
-  spec.isa = isa;
-  return moejit::tools::runtime_key(spec, kRows, tokens);
+  moejit::plan::Target t;
+  t.isa = isa;
+  return moejit::plan::matrix_plan(t, {Format(f)}, kRows, k, 0).key(kRows, tokens);
 }
 
 void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k, int32_t tokens) {

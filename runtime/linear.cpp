@@ -15,31 +15,21 @@ moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConf
   if (!l) return MOEJIT_OUT_OF_MEMORY;
   l->ctx_ = std::move(ctx);
   l->cfg_ = cfg;
-  formats::Layout lay;
-  lay.format = cfg.format;
-  lay.scale_dtype = cfg.scale_dtype;
-  lay.group = formats::default_group(cfg.format, cfg.group);
-  lay.rows = cfg.rows;
-  lay.k = cfg.cols;
-  lay.scale_stride =
-      w.scale_row_stride > 0 ? w.scale_row_stride : formats::scale_cols(cfg.format, lay.group, lay.k);
-  l->mm_.init(l->ctx_->isa(), lay);
-  l->w_ = {w.data, w.scales, w.row_scales, lay.scale_stride};
-  l->bias_ = w.bias;
-  // Enough row blocks to keep every worker busy on small matrices.
-  const int64_t min_items = 4 * int64_t(l->ctx_->num_threads());
-  l->rb_ = cfg.rows >= 32 * min_items ? 32 : 16;
-  l->nblk_ = (int64_t(cfg.rows) + l->rb_ - 1) / l->rb_;  // rows may be INT32_MAX
-  for (int64_t b = 0; b < l->nblk_; ++b) {
-    const int64_t r0 = b * l->rb_;
-    l->mm_.plan_rows(r0, std::min<int64_t>(l->rb_, cfg.rows - r0));
-  }
-  const moejit_status st = l->mm_.resolve(cfg.max_tokens, err);
+  plan::Target target;
+  target.isa = l->ctx_->isa();
+  target.threads = l->ctx_->num_threads();
+  const plan::LinearPlan p = plan::linear_plan({cfg.format, cfg.scale_dtype, cfg.group}, cfg.rows, cfg.cols,
+                                               cfg.max_tokens, w.scale_row_stride, target);
+  const moejit_status st = l->mm_.init(p.weight, err);
   if (st != MOEJIT_OK) return st;
+  l->w_ = {w.data, w.scales, w.row_scales, p.weight.layout.scale_stride};
+  l->bias_ = w.bias;
+  l->rb_ = p.rows_per_item;
+  l->nblk_ = p.items;
   l->xelem_ = l->mm_.x_elem_bytes();
   try {
     l->x_prep_.assign(size_t(cfg.max_tokens) * size_t(l->mm_.x_stride()) * l->xelem_, 0);
-    if (cfg.format == formats::Format::ds_fp4) l->x_rt_.assign(size_t(cfg.cols), 0);
+    if (formats::info(cfg.format).ds_numerics) l->x_rt_.assign(size_t(cfg.cols), 0);
     l->worker_floats_ = l->mm_.scratch_floats() + size_t(cfg.max_tokens) * size_t(l->rb_) + 16;
     l->worker_scratch_.assign(l->worker_floats_ * size_t(l->ctx_->num_threads()), 0.0f);
   } catch (const std::bad_alloc&) {

@@ -12,6 +12,7 @@
 #include "moejit.h"
 #include "runtime/context.h"
 #include "runtime/matmul.h"
+#include "runtime/plan.h"
 
 namespace moejit {
 
@@ -42,7 +43,7 @@ class LinearLayer {
   formats::MatrixRef w_{};
   const uint16_t* bias_ = nullptr;
   Matmul mm_;
-  int rb_ = 16;
+  int64_t rb_ = 16;  // rows per item (runtime/plan.h)
   int64_t nblk_ = 0;
   std::vector<uint8_t> x_prep_;
   std::vector<uint16_t> x_rt_;  // ds_fp4: [cols], one token's x after the e4m3 round trip

@@ -9,6 +9,7 @@
 #include "formats/formats.h"
 #include "jit/gemv.h"
 #include "moejit.h"
+#include "runtime/plan.h"
 
 namespace moejit {
 
@@ -20,14 +21,10 @@ constexpr int64_t kPrefetchBytes = 128 * 1024;
 
 class Matmul {
  public:
-  // `flags` are jit::kFlag* bits for every kernel (0 picks the fastest path the CPU has).
-  // layout().format is formats::kernel_format of the given one (ds_fp4 -> mxfp4).
-  void init(jit::Isa isa, const formats::Layout& layout, uint32_t flags = 0);
-  // Records that run() will be called on rows [r0, r0 + n).
-  void plan_rows(int64_t r0, int64_t n);
-  // Generates (or finds in the cache) every kernel the planned rows need, for
-  // 1..max_tokens tokens per kernel call.
-  moejit_status resolve(int max_tokens, std::string* err);
+  // Takes one matrix of a layer plan (runtime/plan.h): its layout (kernel
+  // format: ds_fp4 -> mxfp4), flags and calls, and generates (or finds in the
+  // cache) every kernel the plan lists.
+  moejit_status init(const plan::MatrixPlan& p, std::string* err);
 
   // y[t * n + i] = dot(row r0 + i, x[t]) for t < tokens, i < n. x holds `tokens`
   // prepared vectors of x_stride() elements. `scratch` holds scratch_floats().
@@ -73,13 +70,10 @@ class Matmul {
   const formats::Layout& layout() const { return layout_; }
 
  private:
-  int64_t segment_end(int64_t r, int64_t end) const;
-
   jit::Isa isa_ = jit::Isa::scalar;
   uint32_t flags_ = 0;
   jit::XLayout xlayout_ = jit::XLayout::f32;
   formats::Layout layout_{};
-  std::vector<bool> seg_needed_;  // by segment length
   int max_seg_ = 0;
   int max_m_ = 0;
   std::vector<jit::GemvFn> table_;  // [seg * (max_m_ + 1) + m]

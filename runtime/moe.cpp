@@ -9,24 +9,6 @@
 
 namespace moejit {
 
-using formats::Format;
-
-namespace {
-
-formats::Layout make_layout(const MoeConfig& c, int64_t rows, int64_t k, int64_t stride) {
-  formats::Layout l;
-  l.format = c.format;
-  l.scale_dtype = c.scale_dtype;
-  l.group = formats::default_group(c.format, c.group);
-  l.rows = rows;
-  l.k = k;
-  const int64_t cols = formats::scale_cols(c.format, l.group, k);
-  l.scale_stride = stride > 0 ? stride : cols;
-  return l;
-}
-
-}  // namespace
-
 moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cfg,
                                const moejit_matrix* gate_up, const moejit_matrix* down,
                                std::unique_ptr<MoeLayer>* out, std::string* err) {
@@ -34,80 +16,66 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   if (!m) return MOEJIT_OUT_OF_MEMORY;
   m->ctx_ = std::move(ctx);
   m->cfg_ = cfg;
-  const int64_t H = cfg.hidden, I = cfg.intermediate, E = cfg.experts;
-  const jit::Isa isa = m->ctx_->isa();
-  m->ds_ = cfg.format == Format::ds_fp4;
-  // ds_fp4 round-trips g per 128 elements of I: each pass-1 item owns one such block.
-  if (m->ds_) m->rb1_ = int(formats::kDsActBlock);
-
-  m->mm_gu_.init(isa, make_layout(cfg, 2 * I, H, gate_up[0].scale_row_stride));
-  m->mm_dn_.init(isa, make_layout(cfg, H, I, down[0].scale_row_stride));
-  m->gu_.resize(size_t(E));
-  m->dn_.resize(size_t(E));
-  m->gu_bias_.resize(size_t(E));
-  m->dn_bias_.resize(size_t(E));
-  for (int64_t e = 0; e < E; ++e) {
-    // Each expert's own stride: explicit, or dense (0) for its own scale tensor.
-    const formats::Layout& lg = m->mm_gu_.layout();
-    const formats::Layout& ld = m->mm_dn_.layout();
-    const int64_t sg = gate_up[e].scale_row_stride > 0 ? gate_up[e].scale_row_stride
-                                                       : formats::scale_cols(lg.format, lg.group, lg.k);
-    const int64_t sd = down[e].scale_row_stride > 0 ? down[e].scale_row_stride
-                                                    : formats::scale_cols(ld.format, ld.group, ld.k);
-    m->gu_[size_t(e)] = {gate_up[e].data, gate_up[e].scales, gate_up[e].row_scales, sg};
-    m->dn_[size_t(e)] = {down[e].data, down[e].scales, down[e].row_scales, sd};
-    m->gu_bias_[size_t(e)] = gate_up[e].bias;
-    m->dn_bias_[size_t(e)] = down[e].bias;
-  }
-
-  // Row blocks: long contiguous reads per call (64 rows of H measured ~10% faster
-  // than 16 for bf16 with one thread), but pass 2 keeps >= 4 items per worker.
-  const int64_t min_items = 4 * int64_t(m->ctx_->num_threads());
-  while (m->rb2_ > 16 && (H + m->rb2_ - 1) / m->rb2_ < min_items) m->rb2_ /= 2;
-  m->nblk1_ = (I + m->rb1_ - 1) / m->rb1_;
-  m->nblk2_ = (H + m->rb2_ - 1) / m->rb2_;
-  for (int64_t j = 0; j < m->nblk1_; ++j) {
-    const int64_t j0 = j * m->rb1_, n = std::min<int64_t>(m->rb1_, I - j0);
-    if (cfg.interleaved) {
-      m->mm_gu_.plan_rows(2 * j0, 2 * n);
-    } else {
-      m->mm_gu_.plan_rows(j0, n);
-      m->mm_gu_.plan_rows(I + j0, n);
-    }
-  }
-  for (int64_t b = 0; b < m->nblk2_; ++b) {
-    const int64_t h0 = b * m->rb2_;
-    m->mm_dn_.plan_rows(h0, std::min<int64_t>(m->rb2_, H - h0));
-  }
+  const int64_t H = cfg.hidden, E = cfg.experts;
   m->dedup_ = !(m->ctx_->flags() & MOEJIT_CONTEXT_NO_DEDUP) && m->ctx_->dedup_enabled();
   m->debug_ = m->ctx_->dedup_debug();
-  // Dedup groups hold up to max_tokens * top_k routes; kernels cover up to the
-  // register budget of tokens per call and are tiled beyond it.
-  const int group_max = m->dedup_ ? cfg.max_tokens * cfg.top_k : 1;
-  m->group_max_ = group_max;
-  moejit_status st = m->mm_gu_.resolve(group_max, err);
-  if (st == MOEJIT_OK) st = m->mm_dn_.resolve(group_max, err);
-  if (st != MOEJIT_OK) return st;
+
+  plan::Target target;
+  target.isa = m->ctx_->isa();
+  target.threads = m->ctx_->num_threads();
+  target.dedup = m->dedup_;
+  plan::MoeShape shape;
+  shape.gate = shape.up = shape.down = {cfg.format, cfg.scale_dtype, cfg.group};
+  shape.hidden = cfg.hidden;
+  shape.intermediate = cfg.intermediate;
+  shape.top_k = cfg.top_k;
+  shape.max_tokens = cfg.max_tokens;
+  shape.gate_up = cfg.interleaved ? plan::GateUp::interleaved : plan::GateUp::concat;
+  shape.gate_stride = gate_up[0].scale_row_stride;
+  shape.down_stride = down[0].scale_row_stride;
+  m->plan_ = plan::moe_plan(shape, target);
+  const plan::MoePlan& p = m->plan_;
+  m->ds_ = p.ds;
+  m->expert_bytes_ = uint64_t(p.expert_bytes());
+
+  const moejit_matrix* banks[3] = {gate_up, nullptr, down};
+  for (int proj : {plan::kGate, plan::kUp, plan::kDown}) {
+    if (!p.has(proj)) continue;
+    const moejit_status st = m->mm_[proj].init(p.mats[proj], err);
+    if (st != MOEJIT_OK) return st;
+    // Each expert's own stride: explicit, or dense (0) for its own scale tensor.
+    const formats::Layout& l = p.mats[proj].layout;
+    const int64_t dense = formats::scale_cols(l.format, l.group, l.k);
+    m->w_[proj].resize(size_t(E));
+    m->bias_[proj].resize(size_t(E));
+    for (int64_t e = 0; e < E; ++e) {
+      const moejit_matrix& w = banks[proj][e];
+      m->w_[proj][size_t(e)] = {w.data, w.scales, w.row_scales,
+                                w.scale_row_stride > 0 ? w.scale_row_stride : dense};
+      m->bias_[proj][size_t(e)] = w.bias;
+    }
+  }
 
   // Calls to look ahead for the prefetch (each call reads one row block of one expert).
-  const int64_t b1 = m->mm_gu_.call_bytes(cfg.interleaved ? 2 * m->rb1_ : m->rb1_);
-  const int64_t b2 = m->mm_dn_.call_bytes(m->rb2_);
-  const bool far = jit::streams_with_prefetch(int32_t(m->mm_gu_.layout().format));
+  const Matmul& gu = m->mm_[plan::kGate];
+  const Matmul& dn = m->mm_[plan::kDown];
+  const int64_t b1 = gu.call_bytes(cfg.interleaved ? 2 * p.rows1 : p.rows1);
+  const int64_t b2 = dn.call_bytes(p.rows2);
+  const bool far = p.mats[plan::kGate].far_prefetch();
   m->ahead1_ = far ? std::max<int64_t>(1, (kPrefetchBytes + b1 - 1) / b1) : 1;
   m->ahead2_ = far ? std::max<int64_t>(1, (kPrefetchBytes + b2 - 1) / b2) : 1;
-  m->xelem_ = m->mm_gu_.x_elem_bytes();
+  m->xelem_ = gu.x_elem_bytes();
   const size_t T = size_t(cfg.max_tokens), K = size_t(cfg.top_k), R = T * K;
-  const size_t gmax = size_t(group_max);
+  const size_t gmax = size_t(p.group_max);
   try {
-    m->x_prep_.assign(T * size_t(m->mm_gu_.x_stride()) * m->xelem_, 0);
+    m->x_prep_.assign(T * size_t(gu.x_stride()) * m->xelem_, 0);
     if (m->ds_) m->x_rt_.assign(size_t(H), 0);
-    if (m->dedup_) m->x_grp_.assign(R * size_t(m->mm_gu_.x_stride()) * m->xelem_, 0);
-    m->g_grp_.assign(R * size_t(m->mm_dn_.x_stride()) * m->xelem_, 0);
+    if (m->dedup_) m->x_grp_.assign(R * size_t(gu.x_stride()) * m->xelem_, 0);
+    m->g_grp_.assign(R * size_t(dn.x_stride()) * m->xelem_, 0);
     // pass 1: gate, up (or both interleaved) for a group; pass 2: dot for a group + per-token sums.
-    const size_t p1 = 4 * gmax * size_t(m->rb1_);
-    const size_t p2 = gmax * size_t(m->rb2_) + T * size_t(m->rb2_);
-    m->worker_floats_ =
-        std::max(m->mm_gu_.scratch_floats(), m->mm_dn_.scratch_floats()) + std::max(p1, p2) + 16;
+    const size_t p1 = 4 * gmax * size_t(p.rows1);
+    const size_t p2 = gmax * size_t(p.rows2) + T * size_t(p.rows2);
+    m->worker_floats_ = std::max(gu.scratch_floats(), dn.scratch_floats()) + std::max(p1, p2) + 16;
     m->worker_scratch_.assign(m->worker_floats_ * size_t(m->ctx_->num_threads()), 0.0f);
     m->expert_count_.assign(size_t(cfg.experts) + 1, 0);
     m->route_slot_.assign(R, 0);
@@ -126,17 +94,6 @@ MoeLayer::~MoeLayer() {
   if (ctx_) ctx_->wait_if_owner(this);
 }
 
-uint64_t MoeLayer::expert_bytes() const {
-  auto bytes = [](const formats::Layout& l) {
-    int64_t b = l.rows * formats::row_bytes(l.format, l.k);
-    b += formats::scale_rows(l.format, l.rows) * formats::scale_cols(l.format, l.group, l.k) *
-         formats::scale_elem_bytes(l.format, l.scale_dtype);
-    if (formats::has_row_scales(l.format)) b += l.rows * 4;
-    return uint64_t(b);
-  };
-  return bytes(mm_gu_.layout()) + bytes(mm_dn_.layout());
-}
-
 moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids, const float* weights,
                                void* y, bool sync) {
   if (!ctx_->try_acquire(this)) return MOEJIT_BUSY;
@@ -148,14 +105,15 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
 
   // Prepared activations (integer work only: widening bf16 is exact). ds_fp4
   // first round-trips each token's x through e4m3 per 128 (O(T * H)).
-  const int64_t xs = mm_gu_.x_stride();
+  const Matmul& gu = mm_[plan::kGate];
+  const int64_t xs = gu.x_stride();
   for (int32_t t = 0; t < T; ++t) {
     const uint16_t* xt = x + int64_t(t) * cfg_.hidden;
     if (ds_) {
       ds_act_roundtrip_n(xt, cfg_.hidden, x_rt_.data(), ctx_->isa());
       xt = x_rt_.data();
     }
-    mm_gu_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, xt);
+    gu.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, xt);
   }
 
   // Counting sort of the active routes by expert; slots ascend inside an expert.
@@ -188,7 +146,7 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
     for (int32_t r = 0; r < nact; ++r) group_begin_[size_t(++groups_)] = r + 1;
   }
 
-  const uint64_t streamed = uint64_t(dedup_ ? unique : nact) * expert_bytes();
+  const uint64_t streamed = uint64_t(dedup_ ? unique : nact) * expert_bytes_;
   calls_.fetch_add(1, std::memory_order_relaxed);
   routes_.fetch_add(uint64_t(nact), std::memory_order_relaxed);
   unique_.fetch_add(uint64_t(unique), std::memory_order_relaxed);
@@ -198,8 +156,8 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
                  unique, unique ? double(nact) / unique : 0.0, dedup_ ? "dedup" : "no dedup");
   }
 
-  job_.counts[0] = int64_t(groups_) * nblk1_;
-  job_.counts[1] = nblk2_;
+  job_.counts[0] = int64_t(groups_) * plan_.blocks1;
+  job_.counts[1] = plan_.blocks2;
   ctx_->launch(&job_, sync);
   return MOEJIT_OK;
 }
@@ -212,64 +170,69 @@ void MoeLayer::run_item(void* self, int phase, int64_t item, int worker) {
     m->pass2(item, worker);
 }
 
-// First weight row of pass-1 call number `call` (gate and up calls alternate
-// when concatenated); nullptr past the end.
+// First weight row of pass-1 call number `call` (an item's calls in the
+// plan's order: gate then up, or one interleaved call); nullptr past the end.
 const void* MoeLayer::pass1_call(int64_t call) const {
-  const int cpi = cfg_.interleaved ? 1 : 2;
+  const int cpi = plan_.calls1();
   const int64_t item = call / cpi;
-  if (item >= int64_t(groups_) * nblk1_) return nullptr;
-  const int64_t j0 = (item % nblk1_) * rb1_;
-  const formats::MatrixRef& w = gu_[size_t(group_expert(int32_t(item / nblk1_)))];
-  if (cfg_.interleaved) return mm_gu_.row_ptr(w, 2 * j0);
-  return mm_gu_.row_ptr(w, call % 2 == 0 ? j0 : cfg_.intermediate + j0);
+  if (item >= int64_t(groups_) * plan_.blocks1) return nullptr;
+  const plan::Call c = plan_.call1(item % plan_.blocks1, int(call % cpi));
+  const int32_t e = group_expert(int32_t(item / plan_.blocks1));
+  return mm_[c.proj].row_ptr(w_[c.proj][size_t(e)], c.r0);
 }
 
 // First weight row of pass-2 call number `call` (item-major, then group).
 const void* MoeLayer::pass2_call(int64_t call) const {
   if (groups_ == 0) return nullptr;
   const int64_t item = call / groups_;
-  if (item >= nblk2_) return nullptr;
-  return mm_dn_.row_ptr(dn_[size_t(group_expert(int32_t(call % groups_)))], item * rb2_);
+  if (item >= plan_.blocks2) return nullptr;
+  const int32_t e = group_expert(int32_t(call % groups_));
+  return mm_[plan::kDown].row_ptr(w_[plan::kDown][size_t(e)], item * plan_.rows2);
 }
 
 // Pass 1 item: one group's rows [j0, j0 + n) of gate and up for all of its routes.
 void MoeLayer::pass1(int64_t item, int worker) {
   const int64_t I = cfg_.intermediate;
-  const int32_t grp = int32_t(item / nblk1_);
-  const int64_t j0 = (item % nblk1_) * rb1_;
-  const int64_t n = std::min<int64_t>(rb1_, I - j0);
+  const int32_t grp = int32_t(item / plan_.blocks1);
+  const int64_t blk = item % plan_.blocks1;
+  const int64_t j0 = blk * plan_.rows1;
+  const int64_t n = std::min<int64_t>(plan_.rows1, I - j0);
   const int32_t first = group_begin_[size_t(grp)];
   const int32_t cnt = group_size(grp);
   const int32_t e = group_expert(grp);
   const int32_t K = cfg_.top_k;
-  const size_t xvec = size_t(mm_gu_.x_stride()) * xelem_;
+  const Matmul& gu = mm_[plan::kGate];
+  const Matmul& dn = mm_[plan::kDown];
+  const size_t xvec = size_t(gu.x_stride()) * xelem_;
   float* scratch = worker_scratch_.data() + size_t(worker) * worker_floats_;
   float* gate = scratch;                       // [cnt][n]
   float* up = gate + size_t(cnt) * size_t(n);  // [cnt][n]
   float* both = up + size_t(cnt) * size_t(n);  // [cnt][2n] interleaved rows
-  float* mscratch = gate + 4 * size_t(cnt) * size_t(rb1_);
+  float* mscratch = gate + 4 * size_t(cnt) * size_t(plan_.rows1);
   const void* xg =
       dedup_ ? static_cast<const void*>(x_grp_.data() + size_t(first) * xvec)
              : static_cast<const void*>(x_prep_.data() + size_t(route_slot_[size_t(first)] / K) * xvec);
-  const formats::MatrixRef& w = gu_[size_t(e)];
+  const formats::MatrixRef& w = w_[plan::kGate][size_t(e)];
   // Workers own contiguous item ranges, so this thread's later calls are known:
   // prefetch the one about kPrefetchBytes ahead.
-  const int cpi = cfg_.interleaved ? 1 : 2;
+  const int cpi = plan_.calls1();
   const int64_t call = item * cpi;
   const void* pf0 = pass1_call(call + ahead1_);
   const void* pf1 = pass1_call(call + 1 + ahead1_);
   if (cfg_.interleaved) {
-    mm_gu_.run(w, 2 * j0, 2 * n, cnt, xg, both, mscratch, pf0);
+    const plan::Call c = plan_.call1(blk, 0);
+    gu.run(w, c.r0, c.rows, cnt, xg, both, mscratch, pf0);
     for (int64_t i = 0; i < int64_t(cnt) * n; ++i) {
       gate[i] = both[2 * i];
       up[i] = both[2 * i + 1];
     }
   } else {
-    mm_gu_.run(w, j0, n, cnt, xg, gate, mscratch, pf0);
-    mm_gu_.run(w, I + j0, n, cnt, xg, up, mscratch, pf1);
+    const plan::Call cg = plan_.call1(blk, 0), cu = plan_.call1(blk, 1);
+    gu.run(w, cg.r0, cg.rows, cnt, xg, gate, mscratch, pf0);
+    gu.run(w, cu.r0, cu.rows, cnt, xg, up, mscratch, pf1);
   }
-  const uint16_t* bias = gu_bias_[size_t(e)];
-  const size_t gvec = size_t(mm_dn_.x_stride()) * xelem_;
+  const uint16_t* bias = bias_[plan::kGate][size_t(e)];
+  const size_t gvec = size_t(dn.x_stride()) * xelem_;
   uint16_t gq[formats::kDsActBlock];  // ds_fp4: this item's block of g, bf16
   for (int32_t m = 0; m < cnt; ++m) {
     const int32_t r = first + m;
@@ -293,7 +256,7 @@ void MoeLayer::pass1(int64_t item, int worker) {
     }
     if (!ds_) {
       activate_bf16_n(cfg_.act, gt, ut, gt, n, ctx_->isa());
-      mm_dn_.x_store_n(g, j0, gt, n);
+      dn.x_store_n(g, j0, gt, n);
       continue;
     }
     activate_bf16_in_n(cfg_.act, gt, ut, gt, n, ctx_->isa());
@@ -301,7 +264,7 @@ void MoeLayer::pass1(int64_t item, int worker) {
     // j0 is a multiple of 128 and n <= 128: gq is exactly one 128-block of g.
     ds_act_roundtrip_n(gq, n, gq, ctx_->isa());
     for (int64_t i = 0; i < n; ++i) gt[i] = formats::bf16_to_f32(gq[i]);
-    mm_dn_.x_store_n(g, j0, gt, n);
+    dn.x_store_n(g, j0, gt, n);
   }
 }
 
@@ -309,22 +272,24 @@ void MoeLayer::pass1(int64_t item, int worker) {
 // expert id, so each token's private fp32 sum follows the canonical order.
 void MoeLayer::pass2(int64_t item, int worker) {
   const int64_t H = cfg_.hidden;
-  const int64_t h0 = item * rb2_;
-  const int64_t n = std::min<int64_t>(rb2_, H - h0);
+  const int64_t rb2 = plan_.rows2;
+  const int64_t h0 = item * rb2;
+  const int64_t n = std::min<int64_t>(rb2, H - h0);
   const int32_t K = cfg_.top_k;
+  const Matmul& dn = mm_[plan::kDown];
   float* scratch = worker_scratch_.data() + size_t(worker) * worker_floats_;
-  float* acc = scratch;                                       // [tokens][n]
-  float* dot = acc + size_t(cfg_.max_tokens) * size_t(rb2_);  // [group size][n]
-  float* mscratch = dot + size_t(group_max_) * size_t(rb2_);
+  float* acc = scratch;                                      // [tokens][n]
+  float* dot = acc + size_t(cfg_.max_tokens) * size_t(rb2);  // [group size][n]
+  float* mscratch = dot + size_t(plan_.group_max) * size_t(rb2);
   std::fill(acc, acc + int64_t(tokens_) * n, 0.0f);
-  const size_t gvec = size_t(mm_dn_.x_stride()) * xelem_;
+  const size_t gvec = size_t(dn.x_stride()) * xelem_;
   for (int32_t grp = 0; grp < groups_; ++grp) {
     const int32_t first = group_begin_[size_t(grp)];
     const int32_t cnt = group_size(grp);
     const int32_t e = group_expert(grp);
     const void* pf = pass2_call(item * groups_ + grp + ahead2_);
-    mm_dn_.run(dn_[size_t(e)], h0, n, cnt, g_grp_.data() + size_t(first) * gvec, dot, mscratch, pf);
-    const uint16_t* bias = dn_bias_[size_t(e)];
+    dn.run(w_[plan::kDown][size_t(e)], h0, n, cnt, g_grp_.data() + size_t(first) * gvec, dot, mscratch, pf);
+    const uint16_t* bias = bias_[plan::kDown][size_t(e)];
     for (int32_t m = 0; m < cnt; ++m) {
       const int32_t slot = route_slot_[size_t(first + m)];
       const float w = cfg_.weight_on_input ? 1.0f : weights_[slot];

@@ -26,6 +26,7 @@
 #include "runtime/activation.h"
 #include "runtime/context.h"
 #include "runtime/matmul.h"
+#include "runtime/plan.h"
 
 namespace moejit {
 
@@ -61,7 +62,6 @@ class MoeLayer {
   static void run_item(void* self, int phase, int64_t item, int worker);
   void pass1(int64_t item, int worker);
   void pass2(int64_t item, int worker);
-  uint64_t expert_bytes() const;
   int32_t group_expert(int32_t g) const { return ids_[route_slot_[size_t(group_begin_[size_t(g)])]]; }
   const void* pass1_call(int64_t call) const;
   const void* pass2_call(int64_t call) const;
@@ -69,13 +69,15 @@ class MoeLayer {
 
   std::shared_ptr<Context> ctx_;
   MoeConfig cfg_;
-  std::vector<formats::MatrixRef> gu_, dn_;
-  std::vector<const uint16_t*> gu_bias_, dn_bias_;
-  Matmul mm_gu_, mm_dn_;
-  int rb1_ = 32, rb2_ = 64;  // rows of I per pass-1 item (ds_fp4: kDsActBlock), rows of H per pass-2 item
-  bool ds_ = false;          // ds_fp4 activation numerics
-  int64_t nblk1_ = 0, nblk2_ = 0;
+  plan::MoePlan plan_;  // row blocks, calls and kernels (runtime/plan.h)
+  // Per matrix of the plan (plan::kGate: the fused gate_up; plan::kDown): its
+  // kernels, and each expert's weights and bias.
+  Matmul mm_[3];
+  std::vector<formats::MatrixRef> w_[3];
+  std::vector<const uint16_t*> bias_[3];
+  bool ds_ = false;                  // ds_fp4 activation numerics
   int64_t ahead1_ = 1, ahead2_ = 1;  // calls between a read and its prefetch
+  uint64_t expert_bytes_ = 0;        // weight + scale bytes of one expert
 
   // Scratch sized once at construction.
   std::vector<uint8_t> x_prep_;  // [max_tokens][x_stride(H)]: each token's prepared x
@@ -89,7 +91,6 @@ class MoeLayer {
   std::vector<int32_t> route_slot_;    // routes sorted by (expert, slot); slot = t * top_k + k
   std::vector<int32_t> group_begin_;   // [groups + 1]: a group is one expert's routes (dedup) or one route
   int32_t groups_ = 0;
-  int32_t group_max_ = 1;  // largest group: max_tokens * top_k with dedup, else 1
   bool dedup_ = true;
   bool debug_ = false;  // MOEJIT_DEDUP_DEBUG: print each call's reuse factor
   Job job_;

@@ -1,7 +1,8 @@
 // The dump path (jit/kernel_dump.*) and the tools built on it: listings of
 // every format x tier this CPU has hold the instructions that tier must use and
-// none it must not; MOEJIT_DUMP_DIR and MOEJIT_PERF_MAP; moejit-dump's layer
-// plan against the kernels a real MoE layer generates; the tools' exit codes.
+// none it must not; MOEJIT_DUMP_DIR and MOEJIT_PERF_MAP; the layer plan
+// (runtime/plan.h, what moejit-dump --layer prints) against the kernels a real
+// MoE layer generates; the tools' exit codes.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -26,13 +27,22 @@
 #include "jit/kernel_cache.h"
 #include "jit/kernel_dump.h"
 #include "moejit.h"
-#include "tools/dump_plan.h"
+#include "runtime/plan.h"
 
 namespace {
 
 using moejit::formats::Format;
 namespace jit = moejit::jit;
-namespace tools = moejit::tools;
+namespace plan = moejit::plan;
+
+// The key the runtime builds for one call of `rows` rows and `tokens` tokens of
+// a [*, k] matrix with dense scales (runtime/plan.h).
+jit::KernelKey runtime_key(Format f, int64_t k, jit::Isa isa, int rows, int tokens, bool no_vbmi = false) {
+  plan::Target t;
+  t.isa = isa;
+  t.no_vbmi = no_vbmi;
+  return plan::matrix_plan(t, {f}, rows, k, 0).key(rows, tokens);
+}
 
 std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -272,14 +282,9 @@ TEST_P(TierListing, UsesTheTiersInstructions) {
   if (c.isa == jit::Isa::avx512_bf16 && !c.no_vbmi && !jit::host_features().avx512_vbmi &&
       jit::needs_vbmi(c.isa, int32_t(c.format), 0))
     GTEST_SKIP() << "this CPU lacks AVX512_VBMI for the byte-table decodes";
-  tools::MatrixSpec spec;
-  spec.format = c.format;
   // K with a tail where the format allows any K; block formats need multiples of 32.
   const bool any_k = c.format == Format::bf16 || c.format == Format::fp8_block;
-  spec.k = any_k ? 1000 : 1024;
-  spec.isa = c.isa;
-  spec.no_vbmi = c.no_vbmi;
-  const jit::KernelKey key = tools::runtime_key(spec, 5, 2);
+  const jit::KernelKey key = runtime_key(c.format, any_k ? 1000 : 1024, c.isa, 5, 2, c.no_vbmi);
   ASSERT_EQ(key.isa, c.isa);
   ASSERT_EQ(key.flags,
             jit::runtime_flags(c.isa, int32_t(c.format), key.group) | (c.no_vbmi ? jit::kFlagNoVbmi : 0u));
@@ -328,11 +333,7 @@ TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
   const std::regex far_re(R"(prefetcht1 \[(r\w+)\+(r\w+)\*1(?:\+0x([0-9a-f]+))?\])");
   const std::regex near_re(R"(prefetcht1 \[(r\w+)\+0x([0-9a-f]+)\])");
   for (const Case& c : cases) {
-    tools::MatrixSpec spec;
-    spec.format = c.format;
-    spec.k = c.k;
-    spec.isa = isa;
-    const jit::KernelKey key = tools::runtime_key(spec, 3, c.tokens);
+    const jit::KernelKey key = runtime_key(c.format, c.k, isa, 3, c.tokens);
     std::string err, listing;
     auto k = jit::global_cache().get(key, &err);
     ASSERT_TRUE(k) << key.name() << ": " << err;
@@ -367,12 +368,8 @@ TEST(Listing, CoversTheWholeCode) {
   if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
   const jit::Isa isa = jit::host_isa();
   if (isa == jit::Isa::scalar) GTEST_SKIP() << "no JIT tier on this CPU";
-  tools::MatrixSpec spec;
-  spec.format = Format::fp8_block;
-  spec.k = 700;
-  spec.isa = isa;
   std::string err, listing;
-  auto k = jit::global_cache().get(tools::runtime_key(spec, 3, 1), &err);
+  auto k = jit::global_cache().get(runtime_key(Format::fp8_block, 700, isa, 3, 1), &err);
   ASSERT_TRUE(k) << err;
   ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
   std::istringstream in(listing);
@@ -407,11 +404,7 @@ TEST(DumpDir, WritesBinAndListingOfNewKernels) {
   jit::KernelKey key;
   {
     ScopedEnv env("MOEJIT_DUMP_DIR", (dir + "/sub").c_str());  // created on demand
-    tools::MatrixSpec spec;
-    spec.format = Format::bf16;
-    spec.k = 3001;  // not used elsewhere in this process: generated now
-    spec.isa = isa;
-    key = tools::runtime_key(spec, 7, 1);
+    key = runtime_key(Format::bf16, 3001, isa, 7, 1);  // K not used elsewhere in this process: generated now
     std::string err;
     auto k = jit::global_cache().get(key, &err);
     ASSERT_TRUE(k) << err;
@@ -430,12 +423,8 @@ TEST(DumpDir, WritesBinAndListingOfNewKernels) {
     EXPECT_EQ(files_with_suffix(dir + "/sub", "").size(), jit::disassembler_available() ? 2u : 1u);
   }
   // Read at generation time: unset now, the next new kernel is not written.
-  tools::MatrixSpec spec;
-  spec.format = Format::bf16;
-  spec.k = 3002;
-  spec.isa = isa;
   std::string err;
-  auto k2 = jit::global_cache().get(tools::runtime_key(spec, 7, 1), &err);
+  auto k2 = jit::global_cache().get(runtime_key(Format::bf16, 3002, isa, 7, 1), &err);
   ASSERT_TRUE(k2) << err;
   EXPECT_FALSE(file_exists(dir + "/sub/" + k2->key().name() + ".bin"));
   remove_tree(dir + "/sub");
@@ -453,12 +442,8 @@ TEST(DumpDir, UnwritableDirDoesNotFailGeneration) {
   ScopedEnv env("MOEJIT_DUMP_DIR", (file + "/dumps").c_str());
   testing::internal::CaptureStderr();
   for (int i = 0; i < 2; ++i) {
-    tools::MatrixSpec spec;
-    spec.format = Format::fp8_block;
-    spec.k = 3003 + i;
-    spec.isa = isa;
     std::string err;
-    auto k = jit::global_cache().get(tools::runtime_key(spec, 4, 1), &err);
+    auto k = jit::global_cache().get(runtime_key(Format::fp8_block, 3003 + i, isa, 4, 1), &err);
     ASSERT_TRUE(k) << err;
     EXPECT_NE(k->fn(), nullptr);
   }
@@ -477,12 +462,8 @@ TEST(PerfMap, AppendsOneLinePerNewKernel) {
   std::shared_ptr<const jit::Kernel> k;
   {
     ScopedEnv env("MOEJIT_PERF_MAP", "1");
-    tools::MatrixSpec spec;
-    spec.format = Format::bf16;
-    spec.k = 3005;
-    spec.isa = isa;
     std::string err;
-    k = jit::global_cache().get(tools::runtime_key(spec, 2, 1), &err);
+    k = jit::global_cache().get(runtime_key(Format::bf16, 3005, isa, 2, 1), &err);
     ASSERT_TRUE(k) << err;
   }
   const std::string text = read_file(map);
@@ -506,7 +487,8 @@ struct LayerCase {
 class LayerPlan : public ::testing::TestWithParam<LayerCase> {};
 
 // Builds a MoE layer through the C API with MOEJIT_DUMP_DIR set, on every tier
-// this CPU has, and compares the kernels it dumped with layer_keys(). Shapes are
+// this CPU has, and compares the kernels it dumped with the layer plan's
+// (plan::moe_plan, what moejit-dump --layer prints). Shapes are
 // unique to this test, so each layer generates all of its kernels.
 TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
   const LayerCase& c = GetParam();
@@ -520,30 +502,29 @@ TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
     for (int dedup = 0; dedup < 2; ++dedup) {
       ++tiers;
       SCOPED_TRACE(std::string(jit::isa_name(isa)) + (dedup ? " dedup" : " no dedup"));
-      tools::LayerSpec l;
-      l.format = c.format;
+      plan::MoeShape l;
+      l.gate = l.up = l.down = {c.format};
       // Unique per tier: nothing cached yet (steps of 32 keep ds_fp4's K % 32).
       const int32_t step = c.format == Format::ds_fp4 ? 32 : 1;
       l.hidden = c.hidden + step * (int32_t(isa) * 2 + dedup);
       l.intermediate = c.intermediate + step * (int32_t(isa) * 2 + dedup);
-      l.experts = 4;
+      const int32_t experts = 4;
       l.top_k = 2;
       l.max_tokens = 3;
-      l.interleaved = c.interleaved;
-      l.dedup = dedup == 1;
-      l.threads = 1 + dedup;  // the down row block depends on the worker count
-      l.isa = isa;
-      std::string why;
-      ASSERT_TRUE(tools::layer_valid(l, &why)) << why;
+      l.gate_up = c.interleaved ? plan::GateUp::interleaved : plan::GateUp::concat;
+      plan::Target t;
+      t.dedup = dedup == 1;
+      t.threads = 1 + dedup;  // the down row block depends on the worker count
+      t.isa = isa;
       std::set<std::string> planned;
-      for (const auto& k : tools::layer_keys(l)) planned.insert(k.name());
+      for (const auto& k : plan::moe_plan(l, t).keys()) planned.insert(k.name());
 
       const std::string dir = make_temp_dir();
       ASSERT_FALSE(dir.empty());
       ScopedEnv env("MOEJIT_DUMP_DIR", dir.c_str());
       moejit_context_desc cd{};
       cd.struct_size = sizeof(cd);
-      cd.num_threads = l.threads;
+      cd.num_threads = t.threads;
       cd.max_isa = moejit_isa(isa);
       cd.flags = dedup ? 0 : MOEJIT_CONTEXT_NO_DEDUP;
       moejit_context* ctx = nullptr;
@@ -567,7 +548,7 @@ TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
       d.format = moejit_format(f);
       d.hidden = l.hidden;
       d.intermediate = l.intermediate;
-      d.num_experts = l.experts;
+      d.num_experts = experts;
       d.top_k = l.top_k;
       d.max_tokens = l.max_tokens;
       d.gate_up_interleaved = c.interleaved;
@@ -628,12 +609,8 @@ TEST(DumpTool, SingleKernelMatchesTheInProcessListing) {
   if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
   const ToolRun r = run(MOEJIT_DUMP_EXE, "--format fp8_block --k 2048 --rows 16 --tokens 4");
   ASSERT_EQ(r.code, 0) << r.err;
-  tools::MatrixSpec spec;
-  spec.format = Format::fp8_block;
-  spec.k = 2048;
-  spec.isa = isa;
   std::string err, listing;
-  auto k = jit::global_cache().get(tools::runtime_key(spec, 16, 4), &err);
+  auto k = jit::global_cache().get(runtime_key(Format::fp8_block, 2048, isa, 16, 4), &err);
   ASSERT_TRUE(k) << err;
   ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
   EXPECT_EQ(r.out, listing);
@@ -658,16 +635,16 @@ TEST(DumpTool, JsonRawAndLayer) {
           "--layer --format fp8_block --hidden 2048 --intermediate 768 --experts 128 --top-k 8 --list "
           "--threads 3");
   ASSERT_EQ(r.code, 0) << r.err;
-  tools::LayerSpec l;
-  l.format = Format::fp8_block;
+  plan::MoeShape l;
+  l.gate = l.up = l.down = {Format::fp8_block};
   l.hidden = 2048;
   l.intermediate = 768;
-  l.experts = 128;
   l.top_k = 8;
-  l.threads = 3;
-  l.isa = isa;
+  plan::Target t;
+  t.threads = 3;
+  t.isa = isa;
   std::string expect;
-  for (const auto& k : tools::layer_keys(l)) expect += k.name() + "\n";
+  for (const auto& k : plan::moe_plan(l, t).keys()) expect += k.name() + "\n";
   EXPECT_EQ(r.out, expect);
   r = run(MOEJIT_DUMP_EXE,
           "--layer --format fp8_block --hidden 2048 --intermediate 768 --experts 128 --top-k 8 "

@@ -18,13 +18,14 @@
 #include "jit/gemv.h"
 #include "jit/kernel_cache.h"
 #include "jit/kernel_dump.h"
-#include "tools/dump_plan.h"
+#include "runtime/plan.h"
 
 namespace {
 
 using moejit::formats::Format;
 using moejit::jit::Isa;
 using nlohmann::json;
+namespace plan = moejit::plan;
 
 struct Failure {
   int code;  // 1: unsupported or generation failed; 2: bad arguments
@@ -147,6 +148,42 @@ int affinity_cpus() {
   return std::max(1, CPU_COUNT(&mask));
 }
 
+// Checks the shape the way moejit_moe_create does (sizes, K rule); *why if not.
+bool layer_valid(const Args& a, Format f, std::string* why) {
+  const struct {
+    const char* name;
+    int32_t v;
+  } pos[] = {{"hidden", a.hidden},
+             {"intermediate", a.intermediate},
+             {"experts", a.experts},
+             {"top-k", a.top_k},
+             {"max-tokens", a.max_tokens}};
+  for (const auto& p : pos)
+    if (p.v < 1) {
+      *why = std::string(p.name) + " = " + std::to_string(p.v) + " must be >= 1";
+      return false;
+    }
+  if (a.top_k > a.experts) {
+    *why = "top-k = " + std::to_string(a.top_k) + " exceeds experts = " + std::to_string(a.experts);
+    return false;
+  }
+  if (int64_t(a.max_tokens) * a.top_k > (int64_t(1) << 24)) {
+    *why = "max-tokens times top-k is too large";
+    return false;
+  }
+  const int32_t group = moejit::formats::default_group(f, a.group_size);
+  const char* w = "";
+  if (!moejit::formats::k_is_valid(f, group, a.hidden, &w)) {
+    *why = "hidden = " + std::to_string(a.hidden) + " " + w;
+    return false;
+  }
+  if (!moejit::formats::k_is_valid(f, group, a.intermediate, &w)) {
+    *why = "intermediate = " + std::to_string(a.intermediate) + " " + w;
+    return false;
+  }
+  return true;
+}
+
 int run_single(const Args& a, Format f, Isa isa) {
   if (a.k < 1 || a.rows < 1 || a.tokens < 1) fail(2, "--k, --rows and --tokens must be given and >= 1");
   if (a.k > INT32_MAX) fail(2, "--k " + std::to_string(a.k) + " is too large");
@@ -154,9 +191,11 @@ int run_single(const Args& a, Format f, Isa isa) {
   const char* why = "";
   if (!moejit::formats::k_is_valid(f, group, a.k, &why)) fail(2, "--k " + std::to_string(a.k) + " " + why);
   if (a.scale_stride < 0) fail(2, "--scale-stride must be >= 0");
-  moejit::tools::MatrixSpec spec{
-      f, parse_scale_dtype(a.scale_dtype), a.group_size, a.k, a.scale_stride, isa, a.no_vbmi};
-  auto k = generate(moejit::tools::runtime_key(spec, a.rows, a.tokens));
+  plan::Target target;
+  target.isa = isa;
+  target.no_vbmi = a.no_vbmi;
+  const plan::ProjFormat pf{f, parse_scale_dtype(a.scale_dtype), a.group_size};
+  auto k = generate(plan::matrix_plan(target, pf, a.rows, a.k, a.scale_stride).key(a.rows, a.tokens));
   if (!a.raw.empty()) write_raw(*k, a.raw);
   if (!a.out_dir.empty()) {
     std::string err;
@@ -173,26 +212,24 @@ int run_layer(const Args& a, Format f, Isa isa) {
   if (!a.raw.empty()) fail(2, "--raw writes one kernel; use --out-dir with --layer");
   if (a.gate_up != "concat" && a.gate_up != "interleaved")
     fail(2, "--gate-up " + a.gate_up + " must be concat or interleaved");
-  moejit::tools::LayerSpec l;
-  l.format = f;
-  l.scale_dtype = parse_scale_dtype(a.scale_dtype);
-  l.group_size = a.group_size;
+  plan::MoeShape l;
+  l.gate = l.up = l.down = {f, parse_scale_dtype(a.scale_dtype), a.group_size};
   l.hidden = a.hidden;
   l.intermediate = a.intermediate;
-  l.experts = a.experts;
   l.top_k = a.top_k;
   l.max_tokens = a.max_tokens;
-  l.interleaved = a.gate_up == "interleaved";
+  l.gate_up = a.gate_up == "interleaved" ? plan::GateUp::interleaved : plan::GateUp::concat;
+  plan::Target target;
   const char* dedup_env = std::getenv("MOEJIT_DEDUP");
-  l.dedup = !a.no_dedup && !(dedup_env && std::strcmp(dedup_env, "0") == 0);
-  l.isa = isa;
-  l.no_vbmi = a.no_vbmi;
+  target.dedup = !a.no_dedup && !(dedup_env && std::strcmp(dedup_env, "0") == 0);
+  target.isa = isa;
+  target.no_vbmi = a.no_vbmi;
   if (a.threads < 0) fail(2, "--threads must be >= 0");
-  l.threads = a.threads > 0 ? a.threads : affinity_cpus();
+  target.threads = a.threads > 0 ? a.threads : affinity_cpus();
   std::string why;
-  if (!moejit::tools::layer_valid(l, &why)) fail(2, why);
-  const std::vector<moejit::jit::KernelKey> keys = moejit::tools::layer_keys(l);
-  const moejit::tools::RowBlocks rb = moejit::tools::layer_row_blocks(l);
+  if (!layer_valid(a, f, &why)) fail(2, why);
+  const plan::MoePlan p = plan::moe_plan(l, target);
+  const std::vector<moejit::jit::KernelKey> keys = p.keys();
   // Check every key before printing anything, so an unsupported layer prints one line.
   for (const auto& key : keys)
     if (!moejit::jit::gemv_supported(key, &why)) fail(1, key.name() + ": " + why);
@@ -225,14 +262,14 @@ int run_layer(const Args& a, Format f, Isa isa) {
                               {{"format", moejit::formats::format_name(f)},
                                {"hidden", l.hidden},
                                {"intermediate", l.intermediate},
-                               {"experts", l.experts},
+                               {"experts", a.experts},
                                {"top_k", l.top_k},
                                {"max_tokens", l.max_tokens},
                                {"gate_up", a.gate_up},
-                               {"dedup", l.dedup},
-                               {"threads", l.threads},
-                               {"rows_per_call_gate_up", rb.gate_up},
-                               {"rows_per_call_down", rb.down},
+                               {"dedup", target.dedup},
+                               {"threads", target.threads},
+                               {"rows_per_call_gate_up", p.rows1},
+                               {"rows_per_call_down", p.rows2},
                                {"isa", moejit::jit::isa_name(isa)}}},
                              {"kernels", all}}
                             .dump(2)
