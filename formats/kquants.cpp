@@ -164,6 +164,10 @@ double kquant_weight(KQuant f, const void* row, int64_t k) {
   return t.has_mins ? dq - double(kquant_dmin(f, blk)) * s.m : dq;
 }
 
+double kquant_weight(KQuant f, const void* data, int64_t K, int64_t r, int64_t k) {
+  return kquant_weight(f, static_cast<const uint8_t*>(data) + r * kquant_row_bytes(f, K), k);
+}
+
 void kquant_dequantize_row(KQuant f, const void* row, int64_t k, float* out) {
   const KQuantTraits& t = kquant_traits(f);
   Block b;

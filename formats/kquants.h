@@ -27,10 +27,10 @@
 //   q3_K  6 bits: low 4 = (j < 8 ? s[j] : s[j-8] >> 4) & 15, high 2 = (s[8 + j%4] >> 2 (j/4)) & 3;
 //         sc = that - 32 (-32..31); no min.
 // Weight: w = (d * sc[j]) * q - (dmin * m[j]) with mins, (d * sc[j]) * q without.
-// d * sc and dmin * m are exact in fp32 (<= 19 significant bits, never below
+// d * sc and dmin * m are exact in fp32 (<= 18 significant bits, never below
 // 2^-24), (d * sc) * q is exact too (<= 23 bits), so w is one fp32 rounding away
-// from exact, and exact in double. inf and NaN in d / dmin propagate as IEEE
-// arithmetic does (inf * 0 = NaN).
+// from exact, and exact in double (<= 51 bits between the two terms). inf and NaN in d / dmin propagate as
+// IEEE arithmetic does (inf * 0 = NaN).
 #pragma once
 
 #include <cstdint>
@@ -72,6 +72,8 @@ int32_t kquant_q(KQuant f, const uint8_t* blk, int i);      // the factor of d *
 // Exact w(k) of a row (row points at its first super-block), and the row as fp32
 // (each value is w rounded once, as ggml's dequantize_row_q*_K and gguf-py give it).
 double kquant_weight(KQuant f, const void* row, int64_t k);
+// w(r, k) of a [rows, K] matrix whose rows lie kquant_row_bytes(f, K) apart from data.
+double kquant_weight(KQuant f, const void* data, int64_t K, int64_t r, int64_t k);
 void kquant_dequantize_row(KQuant f, const void* row, int64_t k, float* out);
 
 // ---- scalar reference GEMV (formats.md "K-quants (W*A16)") ----

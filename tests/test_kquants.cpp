@@ -287,7 +287,7 @@ double gemv_bound(KQuant f, int64_t k, double mag, double max_scale) {
 
 // ---------------------------------------------------------------- traits
 
-TEST(KQuantTraits, SizesIdsNamesAndKRule) {
+TEST(KQuantFormat, SizesIdsNamesAndKRule) {
   struct Want {
     KQuant f;
     int id;
@@ -340,7 +340,7 @@ TEST(KQuantTraits, SizesIdsNamesAndKRule) {
 
 // ---------------------------------------------------------------- decoders
 
-TEST(KQuantDecode, BitMapCoversEveryBitOnce) {
+TEST(KQuantFormatDecode, BitMapCoversEveryBitOnce) {
   // Checks the per-bit decoder itself: fields of the right widths that tile the block.
   for (KQuant f : kAll) {
     const BitMap b = bit_map(f);
@@ -366,7 +366,7 @@ TEST(KQuantDecode, BitMapCoversEveryBitOnce) {
   }
 }
 
-TEST(KQuantDecode, EveryBitFlipChangesOnlyItsField) {
+TEST(KQuantFormatDecode, EveryBitFlipChangesOnlyItsField) {
   // Flips each bit of random blocks in turn; every decoded field must equal the
   // per-bit decode of the flipped block (a swapped nibble or shifted field fails).
   std::mt19937 rng(11);
@@ -397,7 +397,7 @@ TEST(KQuantDecode, EveryBitFlipChangesOnlyItsField) {
   }
 }
 
-TEST(KQuantDecode, EveryValueOfEveryScaleByte) {
+TEST(KQuantFormatDecode, EveryValueOfEveryScaleByte) {
   // Each byte of the scale field (q4_K / q5_K / q3_K: 12 packed bytes; q2_K:
   // 16 nibble pairs; q6_K: 16 int8) takes all 256 values, the others random.
   std::mt19937 rng(12);
@@ -431,7 +431,7 @@ TEST(KQuantDecode, EveryValueOfEveryScaleByte) {
   }
 }
 
-TEST(KQuantDecode, WeightsMatchTheFormulaForEveryElement) {
+TEST(KQuantFormatDecode, WeightsMatchTheFormulaForEveryElement) {
   std::mt19937 rng(13);
   for (KQuant f : kAll) {
     const BitMap b = bit_map(f);
@@ -444,13 +444,15 @@ TEST(KQuantDecode, WeightsMatchTheFormulaForEveryElement) {
       const double want = weight_formula(b, o, int(k % 256));
       const double got = fm::kquant_weight(f, row.data(), k);
       ASSERT_EQ(got, want) << name(f) << " k " << k;
+      // The same bytes as a [6, 256] matrix: element (k / 256, k % 256).
+      ASSERT_EQ(fm::kquant_weight(f, row.data(), 256, k / 256, k % 256), want) << name(f) << " k " << k;
       // The fp32 row: the exact weight rounded once (as gguf-py's float32).
       ASSERT_EQ(f32_bits(deq[size_t(k)]), f32_bits(float(want))) << name(f) << " k " << k;
     }
   }
 }
 
-TEST(KQuantDecode, ExtremeDAndDminPropagate) {
+TEST(KQuantFormatDecode, ExtremeDAndDminPropagate) {
   // fp16 zeros, subnormals, the largest finite, inf and NaN in d and in dmin.
   const uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x3C00,
                               0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFFFF};
@@ -503,7 +505,7 @@ TEST(KQuantDecode, ExtremeDAndDminPropagate) {
 
 // ---------------------------------------------------------------- reference GEMV
 
-TEST(KQuantGemv, MatchesTheDocumentedOrderBitForBit) {
+TEST(KQuantFormatGemv, MatchesTheDocumentedOrderBitForBit) {
   std::mt19937 rng(21);
   for (KQuant f : kAll)
     for (int64_t n : {1, 2, 3, 7, 11, 28}) {
@@ -525,7 +527,7 @@ TEST(KQuantGemv, MatchesTheDocumentedOrderBitForBit) {
     }
 }
 
-TEST(KQuantGemv, SubSumsAreSequentialFp32Sums) {
+TEST(KQuantFormatGemv, SubSumsAreSequentialFp32Sums) {
   std::mt19937 rng(22);
   for (KQuant f : kAll) {
     const int64_t k = 768, bl = fm::kquant_traits(f).sub_block_size;
@@ -553,7 +555,7 @@ TEST(KQuantGemv, SubSumsAreSequentialFp32Sums) {
   }
 }
 
-TEST(KQuantGemv, Float64ReferenceWithinBound) {
+TEST(KQuantFormatGemv, Float64ReferenceWithinBound) {
   // Random blocks and quantized bell-shaped rows, K = 256 n for several n; the
   // bound is taken against sum(|d sc q x| + |dmin m x|), since the two terms cancel.
   std::mt19937 rng(23);
@@ -581,7 +583,7 @@ TEST(KQuantGemv, Float64ReferenceWithinBound) {
     }
 }
 
-TEST(KQuantGemv, UnalignedRowsGiveTheSameBits) {
+TEST(KQuantFormatGemv, UnalignedRowsGiveTheSameBits) {
   // Engines pass rows where they lie in a mapped file: any address.
   std::mt19937 rng(24);
   for (KQuant f : kAll) {
