@@ -1,6 +1,8 @@
 // Fuzz harness for formats/: every scalar element decoder, f32_to_bf16 and
 // round_bf16, the layout traits, weight() and gemv_scalar() on small fuzzed
-// layouts of all nine formats, and quantize() into those layouts.
+// layouts of all nine formats, and quantize() into those layouts; and the GGUF
+// K-quants of formats/kquants (decoders, reference GEMV, quantizers) on
+// arbitrary super-block bytes and fp32 inputs.
 //
 // Oracles: an independent decoder written here from docs/FORMATS.md (bit
 // fields, not the library's code), exact equality for every decoded element and
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "formats/formats.h"
+#include "formats/kquants.h"
 #include "formats/quantize.h"
 #include "fuzz_util.h"
 
@@ -396,12 +399,171 @@ void check_layout(fuzz::Reader& in) {
   }
 }
 
+// ---------------------------------------------------------------- K-quants
+
+// Offsets of d and dmin and the ranges of the factors, from docs/FORMATS.md's K-quant table.
+struct KqSpec {
+  int block, subs, d, dmin;  // dmin -1: none
+  int sc_lo, sc_hi, q_lo, q_hi;
+};
+KqSpec kq_spec(fm::KQuant f) {
+  switch (f) {
+    case fm::KQuant::q4_K: return {144, 8, 0, 2, 0, 63, 0, 15};
+    case fm::KQuant::q5_K: return {176, 8, 0, 2, 0, 63, 0, 31};
+    case fm::KQuant::q6_K: return {210, 16, 208, -1, -128, 127, -32, 31};
+    case fm::KQuant::q2_K: return {84, 16, 80, 82, 0, 15, 0, 3};
+    case fm::KQuant::q3_K: return {110, 16, 108, -1, -32, 31, -4, 3};
+  }
+  return {};
+}
+
+// Super-block bytes, weights, GEMV and quantizer on fuzzed input. Buffers end
+// exactly at the rows' last byte and start at odd addresses (rows lie anywhere
+// in a mapped file), so ASan reports any read past them.
+void check_kquant(fuzz::Reader& in) {
+  const fm::KQuant f = fm::KQuant(fm::kMinKQuantId + int(in.u8() % 5));
+  const KqSpec sp = kq_spec(f);
+  const char* nm = fm::kquant_name(f);
+  const int64_t nb = in.range(1, 6), rows = in.range(1, 4), k = 256 * nb;
+  const char* why = "";
+  FUZZ_CHECK(fm::kquant_k_is_valid(k, &why), "kquant_k_is_valid(%lld) rejected a valid K", (long long)k);
+  const int64_t bad_k = in.range(-300, 300) * (in.flag() ? 1 : 3) + (in.flag() ? 0 : 256 * in.range(0, 9));
+  FUZZ_CHECK(fm::kquant_k_is_valid(bad_k, &why) == (bad_k >= 256 && bad_k % 256 == 0),
+             "kquant_k_is_valid(%lld)", (long long)bad_k);
+  FUZZ_CHECK(fm::kquant_traits(f).block_bytes == sp.block && fm::kquant_row_bytes(f, k) == nb * sp.block,
+             "%s sizes", nm);
+  const int64_t rb = nb * sp.block;
+  std::vector<uint8_t> buf(size_t(rows * rb) + 1);
+  uint8_t* data = buf.data() + 1;
+  in.fill(data, size_t(rows * rb));
+  // Special fp16 scales now and then: subnormals, inf, NaN.
+  static const uint16_t kSpecial[] = {0x0000, 0x8000, 0x0001, 0x03FF, 0x7BFF, 0x7C00, 0xFC00, 0x7E00, 0xFD01};
+  for (int64_t b = 0; b < rows * nb; ++b)
+    for (int off : {sp.d, sp.dmin})
+      if (off >= 0 && in.chance(24)) {
+        const uint16_t h = kSpecial[in.u8() % 9];
+        data[b * sp.block + off] = uint8_t(h), data[b * sp.block + off + 1] = uint8_t(h >> 8);
+      }
+
+  // Fields in range, d / dmin as the fp16 at their offsets, and weights as the formula.
+  std::vector<float> deq(static_cast<size_t>(k));
+  std::vector<char> nan_scale(size_t(rows), 0), inf_scale(size_t(rows), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = data + r * rb;
+    fm::kquant_dequantize_row(f, row, k, deq.data());
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = row + b * sp.block;
+      const double d = ref_fp16(uint16_t(blk[sp.d] | blk[sp.d + 1] << 8));
+      const double dmin = sp.dmin < 0 ? 0.0 : ref_fp16(uint16_t(blk[sp.dmin] | blk[sp.dmin + 1] << 8));
+      FUZZ_CHECK(same(d, fm::kquant_d(f, blk)) && same(dmin, fm::kquant_dmin(f, blk)), "%s d / dmin", nm);
+      nan_scale[size_t(r)] |= std::isnan(d) || std::isnan(dmin);
+      inf_scale[size_t(r)] |= std::isinf(d) || std::isinf(dmin);
+      for (int i = 0; i < 256; ++i) {
+        const fm::KQuantSub s = fm::kquant_sub(f, blk, i / (256 / sp.subs));
+        const int q = fm::kquant_q(f, blk, i);
+        FUZZ_CHECK(s.sc >= sp.sc_lo && s.sc <= sp.sc_hi && s.m >= 0 && s.m <= (sp.dmin < 0 ? 0 : sp.sc_hi) &&
+                       q >= sp.q_lo && q <= sp.q_hi,
+                   "%s element %d: sc %d m %d q %d out of range", nm, i, s.sc, s.m, q);
+        const double want = d * s.sc * q - dmin * s.m, got = fm::kquant_weight(f, row, b * 256 + i);
+        FUZZ_CHECK(same(want, got) || (want == 0 && got == 0), "%s weight(%lld) = %a, want %a", nm,
+                   (long long)(b * 256 + i), got, want);
+        const float w32 = deq[size_t(b * 256 + i)];
+        FUZZ_CHECK(std::isnan(want) ? std::isnan(w32) : f32_bits(w32) == f32_bits(float(got)),
+                   "%s dequantize_row(%lld) = %a, weight %a", nm, (long long)(b * 256 + i), double(w32), got);
+      }
+    }
+  }
+
+  // GEMV: the same bits with and without precomputed sums of x; NaN scales give a
+  // NaN row and infinite ones a non-finite row whatever x is; finite scales with
+  // moderate x stay within the float64 bound.
+  std::vector<float> x(static_cast<size_t>(k));
+  for (auto& v : x) v = fm::bf16_to_f32(in.chance(16) ? in.u16() : uint16_t((in.u16() & 0x80FF) | 0x3C00));
+  std::vector<float> sx(size_t(fm::kquant_sub_sums_len(f, k)) + 1, 12345.0f);
+  fm::kquant_sub_sums(f, x.data(), k, sx.data());
+  FUZZ_CHECK(sx.back() == 12345.0f, "kquant_sub_sums(%s) wrote past its K / B sums", nm);
+  std::vector<float> y(size_t(rows) + 1, 12345.0f), y2(static_cast<size_t>(rows));
+  fm::kquant_gemv(f, data, k, rows, x.data(), sx.data(), y.data());
+  fm::kquant_gemv(f, data, k, rows, x.data(), y2.data());
+  FUZZ_CHECK(y.back() == 12345.0f, "kquant_gemv(%s) wrote past its rows", nm);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float got = y[size_t(r)];
+    FUZZ_CHECK(f32_bits(got) == f32_bits(y2[size_t(r)]) || (std::isnan(got) && std::isnan(y2[size_t(r)])),
+               "kquant_gemv(%s) with and without sx differ", nm);
+    if (nan_scale[size_t(r)]) {
+      FUZZ_CHECK(std::isnan(got), "kquant_gemv(%s) row %lld with a NaN scale = %a", nm, (long long)r,
+                 double(got));
+      continue;
+    }
+    if (inf_scale[size_t(r)]) {
+      FUZZ_CHECK(!std::isfinite(got), "kquant_gemv(%s) row %lld with an inf scale = %a", nm, (long long)r,
+                 double(got));
+      continue;
+    }
+    // float64 result, sum(|d sc q x| + |dmin m x|), and the largest fp32 intermediate
+    // (sub-block sums of |q x| and |x| too: with d = 0 those may still overflow).
+    double want = 0, mag = 0, smax = 1, peak = 0, sub_qx = 0, sub_x = 0;
+    bool finite = true;
+    const int64_t bl = 256 / sp.subs;
+    for (int64_t i = 0; i < k; ++i) {
+      const uint8_t* blk = data + r * rb + i / 256 * sp.block;
+      const fm::KQuantSub s = fm::kquant_sub(f, blk, int(i % 256) / int(bl));
+      const int q = fm::kquant_q(f, blk, int(i % 256));
+      const double dsc = double(fm::kquant_d(f, blk)) * s.sc, dm = double(fm::kquant_dmin(f, blk)) * s.m;
+      const double a = dsc * q * x[size_t(i)], b = dm * x[size_t(i)];
+      finite = finite && std::isfinite(a) && std::isfinite(b) && std::isfinite(x[size_t(i)]);
+      want += a - b;
+      mag += std::fabs(a) + std::fabs(b);
+      smax = std::max({smax, std::fabs(dsc), std::fabs(dm)});
+      if (i % bl == 0) sub_qx = sub_x = 0;
+      sub_qx += std::fabs(double(q) * x[size_t(i)]);
+      sub_x += std::fabs(double(x[size_t(i)]));
+      peak = std::max({peak, mag, sub_qx, sub_x});
+    }
+    if (!finite || !(peak < 1e37)) continue;  // an fp32 intermediate may overflow
+    const double ops = double(256 / sp.subs + 2 * k / (256 / sp.subs));
+    const double bound = ops * (std::ldexp(mag, -24) + std::ldexp(smax, -149)) * 1.001;
+    FUZZ_CHECK(std::fabs(double(got) - want) <= bound,
+               "kquant_gemv(%s, K=%lld, row %lld) = %a, float64 %a, bound %g", nm, (long long)k, (long long)r,
+               double(got), want, bound);
+  }
+
+  // Quantizer on arbitrary fp32 (NaN, inf, subnormals, huge): accepted, writes
+  // exactly the rows (ASan), the same bytes twice; finite moderate inputs decode finite.
+  std::vector<float> w(size_t(rows * k));
+  bool moderate = true;
+  int64_t nonfinite = 0;
+  for (auto& v : w) {
+    v = in.chance(24) ? in.f32() : std::ldexp(float(int(in.range(-1000, 1000))), int(in.range(-30, 4)));
+    moderate = moderate && std::isfinite(v) && std::fabs(v) < 1e4f;
+    nonfinite += !std::isfinite(v);
+  }
+  const fm::QuantResult q = fm::kquant_quantize(f, rows, k, w.data(), data);
+  FUZZ_CHECK(q.ok && q.nonfinite == nonfinite,
+             "kquant_quantize(%s, rows %lld, K %lld): ok %d, nonfinite %lld", nm, (long long)rows,
+             (long long)k, int(q.ok), (long long)q.nonfinite);
+  std::vector<uint8_t> again(size_t(rows * rb));
+  fm::kquant_quantize(f, rows, k, w.data(), again.data());
+  FUZZ_CHECK(std::memcmp(again.data(), data, again.size()) == 0, "kquant_quantize(%s) is not deterministic",
+             nm);
+  if (!moderate) return;
+  for (int i = 0; i < 16; ++i) {
+    const int64_t r = in.range(0, rows - 1), c = in.range(0, k - 1);
+    const double got = fm::kquant_weight(f, data + r * rb, c);
+    FUZZ_CHECK(std::isfinite(got), "kquant_quantize(%s) of finite %g decodes to %g", nm,
+               double(w[size_t(r * k + c)]), got);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Reader in(data, size);
-  if (in.u8() & 1) {
+  const uint8_t sel = in.u8();
+  if (sel & 1) {
     check_decoders(in);
+  } else if (sel & 2) {
+    check_kquant(in);
   } else {
     check_layout(in);
   }
