@@ -48,11 +48,7 @@ bool parse_isa_env(moejit_isa* cap, moejit_status* st, const char* fn) {
 }
 
 moejit_isa host_isa_c() {
-#if defined(MOEJIT_HAVE_JIT)
   return static_cast<moejit_isa>(moejit::jit::host_isa());
-#else
-  return MOEJIT_ISA_SCALAR;
-#endif
 }
 
 moejit_status context_create(const moejit_context_desc* desc, moejit_context** out) {

@@ -58,11 +58,9 @@ MatrixPlan matrix_plan(const Target& t, const ProjFormat& f, int64_t rows, int64
   // The tier of the kernels: the context's, or the vector tier it runs where
   // it has no kernels of its own (avx512_amx).
   m.isa = jit::kernel_isa(t.isa);
-#if defined(MOEJIT_HAVE_JIT)
   // kFlagNoVbmi where the CPU lacks AVX512_VBMI, or where asked to.
   m.flags = jit::runtime_flags(m.isa, int32_t(l.format), l.group);
   if (t.no_vbmi && jit::needs_vbmi(m.isa, int32_t(l.format), 0)) m.flags |= jit::kFlagNoVbmi;
-#endif
   return m;
 }
 
@@ -78,12 +76,8 @@ void add_rows(MatrixPlan* m, int64_t r0, int64_t n) {
 
 void set_tokens(MatrixPlan* m, int32_t max_tokens) {
   m->tokens_per_call = 1;
-#if defined(MOEJIT_HAVE_JIT)
   if (m->isa != jit::Isa::scalar)
     m->tokens_per_call = std::min(max_tokens, jit::max_tokens_per_call(m->key(1, 1)));
-#else
-  (void)max_tokens;
-#endif
 }
 
 // ---------------------------------------------------------------- MoE
