@@ -1138,6 +1138,11 @@ class GeneratedKernel : public Kernel {
 
 }  // namespace
 
+bool needs_vbmi(Isa isa, int32_t format, uint32_t flags) {
+  return isa == Isa::avx512_bf16 && !(flags & kFlagNoVbmi) &&
+         (x_layout(isa, format, flags) == XLayout::bf16_perm64 || format == 4 /* q4_0 */);
+}
+
 uint32_t runtime_flags(Isa isa, int32_t format, int32_t /*group*/) {
   // Without AVX512_VBMI the avx512_bf16 tier decodes without byte tables.
   return needs_vbmi(isa, format, 0) && !host_features().avx512_vbmi ? kFlagNoVbmi : 0;

@@ -20,30 +20,10 @@ void Matmul::init(jit::Isa isa, const formats::Layout& layout, uint32_t flags) {
 #if defined(MOEJIT_HAVE_JIT)
   flags_ |= jit::runtime_flags(isa, int32_t(layout_.format), layout_.group);
 #endif
-  xlayout_ =
-      isa == jit::Isa::scalar ? jit::XLayout::f32 : jit::x_layout(isa, int32_t(layout_.format), flags_);
+  xprep_ = isa == jit::Isa::scalar ? jit::XPrep() : jit::x_prep(isa, int32_t(layout_.format), flags_);
   // mxfp4 groups are 32 and nvfp4 groups 16 whatever the API's group_size says (ignored for them).
   if (layout_.format == Format::mxfp4) layout_.group = 32;
   if (layout_.format == Format::nvfp4) layout_.group = 16;
-}
-
-void Matmul::x_prepare(void* vec, const uint16_t* src) const {
-  const int64_t k = layout_.k;
-  switch (xlayout_) {
-    case jit::XLayout::f32:
-      for (int64_t i = 0; i < k; ++i) static_cast<float*>(vec)[i] = formats::bf16_to_f32(src[i]);
-      break;
-    case jit::XLayout::bf16: std::memcpy(vec, src, size_t(k) * 2); break;
-    case jit::XLayout::f32_evens_odds:
-      for (int64_t i = 0; i < k; ++i)
-        static_cast<float*>(vec)[jit::x_position(xlayout_, i, isa_)] = formats::bf16_to_f32(src[i]);
-      break;
-    case jit::XLayout::bf16_perm64:
-    case jit::XLayout::bf16_nib128:
-    case jit::XLayout::bf16_q4:
-      for (int64_t i = 0; i < k; ++i) static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, i)] = src[i];
-      break;
-  }
 }
 
 // Kernels of formats whose scale rows cover several weight rows never cross a
