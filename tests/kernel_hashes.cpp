@@ -46,7 +46,8 @@ std::vector<jit::KernelKey> all_keys() {
   const jit::Isa isas[] = {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16};
   // K % 8 != 0 (bf16 and fp8_block, which take any K) reaches the exact
   // partial loads of the avx2 tail (vmovd / vmovq / vpinsr* and the vpxor start).
-  const int ks[] = {1, 3, 5, 7, 13, 16, 32, 48, 64, 96, 100, 128, 160, 192, 256, 320, 768, 1000, 1001, 2048, 7168};
+  const int ks[] = {1,   3,   5,   7,   13,  16,  32,   48,   64,   96,  100,
+                    128, 160, 192, 256, 320, 768, 1000, 1001, 2048, 7168};
   const int rows_list[] = {1, 3, 16, 17, 128};
   for (jit::Isa isa : isas)
     for (Format f : formats_list)
