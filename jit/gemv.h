@@ -44,8 +44,11 @@ bool needs_vbmi(Isa isa, int32_t format, uint32_t flags);
 // Whether kernels of this format prefetch the weights of a call far ahead
 // (w_prefetch = a call ~kPrefetchBytes later, one prefetch per line) or the
 // next call (bf16: every line of it with several tokens, one line per KiB with
-// one token, where the hardware prefetchers do the rest).
-inline bool streams_with_prefetch(int32_t format) { return format != 0 /* bf16 */; }
+// one token, where the hardware prefetchers do the rest). The decoder's fact.
+bool streams_with_prefetch(int32_t format);
+
+// How the kernels of a format decode on a tier, in words (moejit-info).
+std::string decode_path(Isa isa, int32_t format, uint32_t flags);
 
 // Each prefetch of a later call's line comes with a second one, of the line
 // kNearPrefetchBytes ahead of the cursor in this call's own stream (also into

@@ -76,23 +76,10 @@ class XPrep {
   Isa isa_ = Isa::scalar;
 };
 
-// The layout of the kernels of `format` on `isa` with KernelKey::flags `flags`.
-// The scalar tier reads fp32 in natural order.
-inline XPrep x_prep(Isa isa, int32_t format, uint32_t flags) {
-  if (isa == Isa::scalar) return XPrep();
-  const bool bf16_tables = isa == Isa::avx512_bf16 && !(flags & 1 /* kFlagNoVbmi */);
-  auto with = [isa](XLayout l) { return XPrep(l, isa); };
-  const bool e2m1 = format == 1 /* nvfp4 */ || format == 2 /* mxfp4 */ || format == 3 /* ds_fp4 */;
-  if (e2m1) return with(isa == Isa::avx512_bf16 ? XLayout::bf16_nib128 : XLayout::f32_evens_odds);
-  if (format == 4 /* q4_0 */) return with(isa == Isa::avx512_bf16 ? XLayout::bf16_q4 : XLayout::f32);
-  if (isa != Isa::avx512_bf16) return with(XLayout::f32);
-  const bool eight_bit = format == 5 /* fp8_block */ || format == 7 /* mxfp8_e4m3 */ ||
-                         format == 8 /* e5m2 */ || format == 6 /* q8_0 */;
-  if (eight_bit && bf16_tables) return with(XLayout::bf16_perm64);
-  if (format == 8) return with(XLayout::f32);  // e5m2 without VBMI: fp16 widening, fp32 FMA
-  if (format == 6) return with(XLayout::f32);  // q8_0 without VBMI: int8 quants widened to fp32
-  return with(XLayout::bf16);
-}
+// The layout of the kernels of `format` on `isa` with KernelKey::flags `flags`:
+// the choice of the format's decoder (jit/decoders.cpp). The scalar tier reads
+// fp32 in natural order.
+XPrep x_prep(Isa isa, int32_t format, uint32_t flags);
 inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
   return x_prep(isa, format, flags).layout();
 }
