@@ -60,10 +60,10 @@ void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k
                      moejit::formats::scale_elem_bytes(Format(f), moejit::formats::ScaleDtype::bf16)
                : 0;
   // Activations of 1.0 in any layout (bf16 0x3F80 or fp32 0x3F800000: both halves 1.0 or 0).
-  const jit::XLayout layout = jit::x_layout(isa, key.format, key.flags);
-  const size_t xbytes = size_t(jit::x_stride(k)) * jit::x_elem_bytes(layout) * size_t(tokens);
+  const size_t elem_bytes = jit::x_prep(isa, key.format, key.flags).elem_bytes();
+  const size_t xbytes = size_t(jit::x_stride(k)) * elem_bytes * size_t(tokens);
   std::vector<uint16_t> x(xbytes / 2, 0x3F80);
-  if (jit::x_elem_bytes(layout) == 4)
+  if (elem_bytes == 4)
     for (size_t i = 0; i < x.size(); i += 2) x[i] = 0;
   std::vector<float> y(size_t(kRows) * size_t(tokens));
   std::vector<jit::GemvArgs> args(static_cast<size_t>(calls));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "jit/kernel_key.h"
+#include "jit/x_layout.h"
 
 namespace moejit::jit {
 
@@ -36,74 +37,18 @@ using GemvFn = void (*)(const GemvArgs*);
 // four loads instead of a two-register byte permute. Other formats ignore it.
 constexpr uint32_t kFlagNoVbmi = 1;
 
-// Prepared activations are padded with zeros to a multiple of 128 elements so
-// full-vector loads past K (up to one 128-element decode chunk) read zeros.
-inline int64_t x_stride(int64_t k) { return (k + 127) / 128 * 128; }
-
-// How a kernel wants its activations laid out.
-enum class XLayout {
-  f32,             // fp32, natural order (avx2, avx512)
-  bf16,            // bf16 pairs, natural order (avx512_bf16)
-  bf16_perm64,     // bf16; inside each 64-element chunk, elements 16L+0..7 (L = 0..3) come first, then
-                   // 16L+8..15: the order in which the byte-table e4m3 decode unpacks weights
-  f32_evens_odds,  // fp32; inside each group of 2V elements (V = vector lanes) the even elements
-                   // come first, then the odd ones: the order of the low and high e2m1 nibbles
-  bf16_nib128,     // bf16; inside each 128-element chunk (64 bytes of e2m1 pairs), element e sits at
-                   // 32 (e % 4) + e / 4: vector j of the decode holds nibble j of every 16-bit word
-  bf16_q4,         // bf16; inside each 128-element chunk (4 q4_0 blocks), element e of block b (byte
-                   // e % 16, high nibble when e >= 16) sits at 32 j + 8 b + (e % 16) / 2 with
-                   // j = 2 (e % 2) + e / 16: the 16 quant bytes of block b on 128-bit lane b, decoded as e2m1
-};
-// 4-bit formats on avx512_bf16 decode to bf16 pairs (shifts and vpermw, AVX512BW).
-inline bool is_e2m1_format(int32_t format) {
-  return format == 1 /* nvfp4 */ || format == 2 /* mxfp4 */ || format == 3 /* ds_fp4 */;
-}
-inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
-  const bool bf16_tables = isa == Isa::avx512_bf16 && !(flags & kFlagNoVbmi);
-  if (is_e2m1_format(format)) return isa == Isa::avx512_bf16 ? XLayout::bf16_nib128 : XLayout::f32_evens_odds;
-  if (format == 4 /* q4_0 */) return isa == Isa::avx512_bf16 ? XLayout::bf16_q4 : XLayout::f32;
-  if (isa != Isa::avx512_bf16) return XLayout::f32;
-  const bool eight_bit = format == 5 /* fp8_block */ || format == 7 /* mxfp8_e4m3 */ ||
-                         format == 8 /* e5m2 */ || format == 6 /* q8_0 */;
-  if (eight_bit && bf16_tables) return XLayout::bf16_perm64;
-  if (format == 8) return XLayout::f32;  // e5m2 without VBMI: fp16 widening, fp32 FMA
-  if (format == 6) return XLayout::f32;  // q8_0 without VBMI: int8 quants widened to fp32
-  return XLayout::bf16;
-}
 // Whether a kernel's decode uses AVX512_VBMI: the vpermi2b byte tables of
 // 8-bit formats, and the vpermt2b that gathers a q4_0 chunk's quants.
-inline bool needs_vbmi(Isa isa, int32_t format, uint32_t flags) {
-  return isa == Isa::avx512_bf16 && !(flags & kFlagNoVbmi) &&
-         (x_layout(isa, format, flags) == XLayout::bf16_perm64 || format == 4 /* q4_0 */);
-}
-inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 || l == XLayout::f32_evens_odds ? 4 : 2; }
-// Vector lanes of fp32 activations on a tier (the evens/odds group is twice this).
-inline int64_t f32_lanes(Isa isa) { return isa == Isa::avx2 ? 8 : 16; }
-inline int64_t nib128_position(int64_t n) { return (n % 4) * 32 + n / 4; }
-inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
-  switch (l) {
-    case XLayout::f32_evens_odds: {
-      const int64_t g = 2 * f32_lanes(isa), r = k % g;
-      return (k - r) + (r % 2 ? g / 2 : 0) + r / 2;
-    }
-    case XLayout::bf16_perm64: {
-      const int64_t r = k & 63, lane = r >> 4, j = r & 15;
-      return (k - r) + (j < 8 ? lane * 8 + j : 32 + lane * 8 + (j - 8));
-    }
-    case XLayout::bf16_nib128: return (k & ~int64_t(127)) + nib128_position(k & 127);
-    case XLayout::bf16_q4: {
-      const int64_t r = k & 127, b = r / 32, e = r % 32;
-      return (k - r) + 32 * (2 * (e % 2) + e / 16) + 8 * b + (e % 16) / 2;
-    }
-    default: return k;
-  }
-}
+bool needs_vbmi(Isa isa, int32_t format, uint32_t flags);
 
 // Whether kernels of this format prefetch the weights of a call far ahead
 // (w_prefetch = a call ~kPrefetchBytes later, one prefetch per line) or the
 // next call (bf16: every line of it with several tokens, one line per KiB with
-// one token, where the hardware prefetchers do the rest).
-inline bool streams_with_prefetch(int32_t format) { return format != 0 /* bf16 */; }
+// one token, where the hardware prefetchers do the rest). The decoder's fact.
+bool streams_with_prefetch(int32_t format);
+
+// How the kernels of a format decode on a tier, in words (moejit-info).
+std::string decode_path(Isa isa, int32_t format, uint32_t flags);
 
 // Each prefetch of a later call's line comes with a second one, of the line
 // kNearPrefetchBytes ahead of the cursor in this call's own stream (also into

@@ -27,11 +27,14 @@ class Generator : public Xbyak::CodeGenerator {
   Generator() : Xbyak::CodeGenerator(kMaxCodeBytes, Xbyak::DontSetProtectRWE) {}
   const std::vector<CodePhase>& phases() const { return phases_; }
 
- protected:
-  // Resolves labels, flips the pages to read+exec and checks Xbyak's error.
-  bool finalize(std::string* err);
+  // Helpers the body and the decoders emit with.
   // Loads a 32-bit pattern broadcast into a vector register.
   void broadcast_u32(const Xbyak::Xmm& v, uint32_t pattern, const Xbyak::Reg32& tmp);
+  // Exact load of `bytes` (< 16) bytes at `base` into an xmm, zeros above: the
+  // avx2 tail, which has no masked byte loads.
+  void load_partial_xmm(const Xbyak::Xmm& dst, const Xbyak::RegExp& base, int bytes);
+  // The bits of an fp32 constant, as data.
+  void df32(float f);
 
   // Marks the start of a named phase at the current position (consecutive
   // marks with the same name collapse into one).
@@ -39,6 +42,10 @@ class Generator : public Xbyak::CodeGenerator {
     if (!phases_.empty() && phases_.back().name == name) return;
     phases_.push_back({getSize(), name});
   }
+
+ protected:
+  // Resolves labels, flips the pages to read+exec and checks Xbyak's error.
+  bool finalize(std::string* err);
 
   // SysV argument register.
   const Xbyak::Reg64 reg_args = rdi;

@@ -12,8 +12,7 @@ moejit_status Matmul::init(const plan::MatrixPlan& p, std::string* err) {
   isa_ = p.isa;
   layout_ = p.layout;
   flags_ = p.flags;
-  xlayout_ =
-      isa_ == jit::Isa::scalar ? jit::XLayout::f32 : jit::x_layout(isa_, int32_t(layout_.format), flags_);
+  xprep_ = isa_ == jit::Isa::scalar ? jit::XPrep() : jit::x_prep(isa_, int32_t(layout_.format), flags_);
   max_seg_ = p.max_call_rows();
   max_m_ = p.tokens_per_call;
   if (isa_ == jit::Isa::scalar) return MOEJIT_OK;
@@ -33,24 +32,6 @@ moejit_status Matmul::init(const plan::MatrixPlan& p, std::string* err) {
   return MOEJIT_OK;
 }
 
-void Matmul::x_prepare(void* vec, const uint16_t* src) const {
-  const int64_t k = layout_.k;
-  switch (xlayout_) {
-    case jit::XLayout::f32:
-      for (int64_t i = 0; i < k; ++i) static_cast<float*>(vec)[i] = formats::bf16_to_f32(src[i]);
-      break;
-    case jit::XLayout::bf16: std::memcpy(vec, src, size_t(k) * 2); break;
-    case jit::XLayout::f32_evens_odds:
-      for (int64_t i = 0; i < k; ++i)
-        static_cast<float*>(vec)[jit::x_position(xlayout_, i, isa_)] = formats::bf16_to_f32(src[i]);
-      break;
-    case jit::XLayout::bf16_perm64:
-    case jit::XLayout::bf16_nib128:
-    case jit::XLayout::bf16_q4:
-      for (int64_t i = 0; i < k; ++i) static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, i)] = src[i];
-      break;
-  }
-}
 
 void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens, const void* x, float* y,
                  float* scratch, const void* prefetch) const {

@@ -41,38 +41,21 @@ class Matmul {
   }
 
   int64_t x_stride() const { return jit::x_stride(layout_.k); }
-  jit::XLayout x_layout() const { return xlayout_; }
-  size_t x_elem_bytes() const { return jit::x_elem_bytes(xlayout_); }
+  jit::XLayout x_layout() const { return xprep_.layout(); }
+  size_t x_elem_bytes() const { return xprep_.elem_bytes(); }
   // Writes activation k (a value exact in bf16) of one prepared vector.
   void x_store(void* vec, int64_t k, float v) const { x_store_n(vec, k, &v, 1); }
   // Writes activations k0 .. k0 + n - 1 (values exact in bf16) of one prepared vector.
-  void x_store_n(void* vec, int64_t k0, const float* v, int64_t n) const {
-    switch (xlayout_) {
-      case jit::XLayout::f32:
-        for (int64_t i = 0; i < n; ++i) static_cast<float*>(vec)[k0 + i] = v[i];
-        return;
-      case jit::XLayout::f32_evens_odds:
-        for (int64_t i = 0; i < n; ++i)
-          static_cast<float*>(vec)[jit::x_position(xlayout_, k0 + i, isa_)] = v[i];
-        return;
-      case jit::XLayout::bf16:
-        for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(vec)[k0 + i] = formats::f32_to_bf16(v[i]);
-        return;
-      default:
-        for (int64_t i = 0; i < n; ++i)
-          static_cast<uint16_t*>(vec)[jit::x_position(xlayout_, k0 + i)] = formats::f32_to_bf16(v[i]);
-        return;
-    }
-  }
+  void x_store_n(void* vec, int64_t k0, const float* v, int64_t n) const { xprep_.store(vec, k0, v, n); }
   // Prepares one activation vector from K bf16 values.
-  void x_prepare(void* vec, const uint16_t* src) const;
+  void x_prepare(void* vec, const uint16_t* src) const { xprep_.prepare(vec, src, layout_.k); }
   size_t scratch_floats() const { return size_t(max_seg_) * size_t(max_m_ > 0 ? max_m_ : 1); }
   const formats::Layout& layout() const { return layout_; }
 
  private:
   jit::Isa isa_ = jit::Isa::scalar;
   uint32_t flags_ = 0;
-  jit::XLayout xlayout_ = jit::XLayout::f32;
+  jit::XPrep xprep_;  // the kernels' activation layout (fp32 on the scalar tier)
   formats::Layout layout_{};
   int max_seg_ = 0;
   int max_m_ = 0;

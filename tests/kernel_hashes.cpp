@@ -36,7 +36,7 @@ uint64_t fnv1a(const uint8_t* p, size_t n) {
 }
 
 // Every key shape the runtime builds today, over the values that change the
-// code: K (block multiples, tails, partial chunks), rows per call (row-group
+// code: K (block multiples, tails, partial chunks, K % 8 != 0), rows per call (row-group
 // tails, the 128-row fp8_block segment), tokens 1..the register budget,
 // groups, scale dtypes, padded strides and the no-VBMI flag.
 std::vector<jit::KernelKey> all_keys() {
@@ -44,7 +44,10 @@ std::vector<jit::KernelKey> all_keys() {
   const Format formats_list[] = {Format::bf16,      Format::nvfp4, Format::mxfp4,      Format::q4_0,
                                  Format::fp8_block, Format::q8_0,  Format::mxfp8_e4m3, Format::mxfp8_e5m2};
   const jit::Isa isas[] = {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16};
-  const int ks[] = {16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 768, 1000, 2048, 7168};
+  // K % 8 != 0 (bf16 and fp8_block, which take any K) reaches the exact
+  // partial loads of the avx2 tail (vmovd / vmovq / vpinsr* and the vpxor start).
+  const int ks[] = {1,   3,   5,   7,   13,  16,  32,   48,   64,   96,  100,
+                    128, 160, 192, 256, 320, 768, 1000, 1001, 2048, 7168};
   const int rows_list[] = {1, 3, 16, 17, 128};
   for (jit::Isa isa : isas)
     for (Format f : formats_list)

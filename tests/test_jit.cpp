@@ -43,19 +43,12 @@ bool variant_available(const Variant& v, Format f) {
 
 // Prepared activations for one kernel: `tokens` vectors of x_stride(k) elements.
 std::vector<uint8_t> prepare_x(const jit::KernelKey& key, const std::vector<float>& x) {
-  const jit::XLayout lay = jit::x_layout(key.isa, key.format, key.flags);
+  const jit::XPrep prep = jit::x_prep(key.isa, key.format, key.flags);
   const int64_t xs = jit::x_stride(key.k);
-  std::vector<uint8_t> buf(size_t(key.tokens) * size_t(xs) * jit::x_elem_bytes(lay), 0);
+  const size_t vec_bytes = size_t(xs) * prep.elem_bytes();
+  std::vector<uint8_t> buf(size_t(key.tokens) * vec_bytes, 0);
   for (int m = 0; m < key.tokens; ++m)
-    for (int64_t k = 0; k < key.k; ++k) {
-      const float v = x[size_t(m) * size_t(key.k) + size_t(k)];
-      if (lay == jit::XLayout::f32)
-        reinterpret_cast<float*>(buf.data())[m * xs + k] = v;
-      else if (lay == jit::XLayout::f32_evens_odds)
-        reinterpret_cast<float*>(buf.data())[m * xs + jit::x_position(lay, k, key.isa)] = v;
-      else
-        reinterpret_cast<uint16_t*>(buf.data())[m * xs + jit::x_position(lay, k)] = fmt::f32_to_bf16(v);
-    }
+    prep.store(buf.data() + size_t(m) * vec_bytes, 0, x.data() + size_t(m) * size_t(key.k), key.k);
   return buf;
 }
 

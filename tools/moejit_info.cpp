@@ -164,17 +164,7 @@ std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) 
   if (isa == MOEJIT_ISA_SCALAR) return "";
   const auto tier = moejit::jit::Isa(int(isa));
   const uint32_t flags = isa == MOEJIT_ISA_AVX512_BF16 && !vbmi ? moejit::jit::kFlagNoVbmi : 0;
-  namespace F = moejit::formats;
-  switch (moejit::jit::x_layout(tier, int32_t(F::kernel_format(f)), flags)) {
-    case moejit::jit::XLayout::bf16_perm64:
-      return f == F::Format::q8_0 ? "|q| byte tables -> bf16 (vpermi2b), vdpbf16ps"
-                                  : "byte tables -> bf16 (vpermi2b), vdpbf16ps";
-    case moejit::jit::XLayout::bf16_nib128: return "e2m1 -> bf16 (vpsrlw + vpermw), vdpbf16ps";
-    case moejit::jit::XLayout::bf16_q4: return "q4_0 -> bf16 (vpsrlw + vpermw, 4 blocks), vdpbf16ps";
-    case moejit::jit::XLayout::bf16:
-      return f == F::Format::bf16 ? "vdpbf16ps" : "arithmetic + vpermw blend -> bf16, vdpbf16ps";
-    default: return "widened to fp32, vfmadd231ps";
-  }
+  return moejit::jit::decode_path(tier, int32_t(moejit::formats::kernel_format(f)), flags);
 }
 
 // Asks the library: a 16 x 256 dense layer of each format on a default context.

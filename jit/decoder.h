@@ -1,0 +1,187 @@
+// Decoders: one object per decode family of weight formats, and the hooks a
+// body calls. A body (the row-streaming AVX body of jit/row_body.h; a tile
+// body next) owns loops, accumulators, reductions, prefetch and the epilogue
+// and knows no format; everything a format decides goes through a Decoder
+// (its facts, constants and data, load-and-widen) and its ScaleRule (how block
+// or group scales reach the sums). Decoders may look at the format; nothing
+// outside them and formats/ compares a format id.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "jit/generator.h"
+#include "jit/kernel_key.h"
+#include "jit/x_layout.h"
+
+namespace moejit::jit {
+
+// Elements of one scale block of fp8_block, and of one unrolled chunk of an
+// unscaled format.
+constexpr int kChunk = 128;
+
+// The geometry of a decode, fixed by the key.
+struct DecodeShape {
+  int vec_elems = 0;    // weights per output vector of load_widen (fp32 lanes, or 32 bf16 pairs)
+  int step = 0;         // weights per load_widen: 1, 2 or 4 output vectors
+  int block = 0;        // elements per scale block (one or more scale groups); unscaled: one chunk
+  int groups = 1;       // scale groups per block
+  bool scaled = false;  // whether a ScaleRule applies per block
+  int vectors() const { return step / vec_elems; }
+};
+
+// Registers a body lends its decoder for the whole kernel. The decoder's own
+// opmasks are k2..k7 (each decoder names its roles); k1 is the body's tail.
+struct DecodeRegs {
+  Xbyak::Xmm w[4];     // widened weights: the row body's load_widen destinations, free between steps
+  Xbyak::Xmm t[2];     // temporaries of one step (may alias w[2], w[3]: 4-vector decodes use no t)
+  Xbyak::Xmm scale;    // the block's scale vector; also a temporary of load_widen
+  Xbyak::Xmm c[5];     // decode constants, live from emit_constants on (avx2 lends only c[0])
+  Xbyak::Reg64 tmp;    // scratch
+  Xbyak::Reg64 aux;    // callee-saved, the decoder's for the whole kernel (scale table, widened scales)
+  Xbyak::Opmask tail;  // the body's: the low cnt bits, set before a partial load_widen
+  // For the hooks that run between rows (ScaleRule::prologue, begin_row, next_row):
+  Xbyak::Reg64 scale_row;        // the current row's scale row (GemvArgs::scales at the first row)
+  Xbyak::Reg64 rows_left;        // rows left, the current one included
+  Xbyak::Reg64 count, src, dst;  // scratch between rows
+};
+
+// Where a block's bytes are: base register plus the displacement of its first byte.
+struct Cursor {
+  Xbyak::Reg64 base;
+  int64_t disp = 0;
+  Xbyak::RegExp at(int64_t off = 0) const { return base + size_t(disp + off); }
+};
+
+// One block for ScaleRule::apply.
+struct ScaleBlock {
+  Cursor w;                            // the block's weights (GGUF blocks carry their scale inline)
+  Cursor s;                            // the block's scales, at the scale cursor
+  int n = 0;                           // elements: shape.block, or fewer in the last block of a row
+  std::span<const Xbyak::Xmm> sums;    // per token: the block's sum of products
+  std::span<const Xbyak::Xmm> totals;  // per token: the running total that gains sum * scale
+};
+
+// State shared by a decoder and its scale rule: the key, the shape and, once
+// bound, the generator and the lent registers.
+class DecodePart {
+ public:
+  virtual ~DecodePart() = default;
+  const KernelKey& key() const { return key_; }
+  const DecodeShape& shape() const { return shape_; }
+
+ protected:
+  explicit DecodePart(const KernelKey& key) : key_(key) {}
+  void bind_part(Generator& g, const DecodeRegs& r, const DecodeShape& s) {
+    a_ = &g;
+    r_ = r;
+    shape_ = s;
+  }
+  Generator& a() const { return *a_; }  // the assembler every hook emits into
+  bool zmm() const { return key_.isa != Isa::avx2; }
+
+  KernelKey key_;
+  DecodeShape shape_{};
+  DecodeRegs r_;
+
+ private:
+  Generator* a_ = nullptr;
+};
+
+// How a block's scales reach the sums: tot[m] += sum[m] * scale, for every
+// token. Rules shared by several element decodes are in jit/scale_rules.cpp;
+// decodes whose scales come out of their own loads define theirs with them.
+class ScaleRule : public DecodePart {
+ public:
+  // Elements per scale (the group).
+  virtual int group() const = 0;
+  // Key rules of the scales (group sizes, K and row limits); *why when not.
+  virtual bool check(std::string* /*why*/) const { return true; }
+
+  // ---- prologue and epilogue, emitted once ----
+  // After the body read GemvArgs: what the rule keeps in r_.aux.
+  virtual void load_args() {}
+  // Constants (a two-group block's lane mask), before the decode's.
+  virtual void emit_constants() {}
+  // Bytes of the rule's stack area, [rsp, rsp + stack_bytes()) from prologue()
+  // on; the body allocates its own stack before and frees both at the end.
+  virtual int stack_bytes() const { return 0; }
+  virtual void prologue() {}
+  virtual void emit_data() {}
+
+  // ---- per row ----
+  virtual void begin_row() {}  // top of every row, before its first block
+  // The register the row's scale cursor starts from.
+  virtual Xbyak::Reg64 row_cursor() const { return r_.scale_row; }
+  virtual void next_row() {}  // after a row, before the next
+  // Scale-cursor bytes per block.
+  virtual int block_bytes() const = 0;
+
+  // ---- per block ----
+  virtual void apply(const ScaleBlock& b) = 0;
+
+ protected:
+  friend class Decoder;  // gives the rule its shape and binds it with the decode
+  explicit ScaleRule(const KernelKey& key) : DecodePart(key) {}
+  // tot[m] += sum[m] * scale for every token (an FMA each).
+  void fma_tokens(const ScaleBlock& b, const Xbyak::Operand& scale);
+};
+
+// Element decode of one family: facts, constants and data, load-and-widen.
+class Decoder : public DecodePart {
+ public:
+  // ---- facts ----
+  XLayout x_layout() const { return layout_; }
+  XPrep x_prep() const { return XPrep(layout_, key_.isa); }
+  // AVX512_VBMI instructions in the decode (byte tables, the q4_0 gather).
+  virtual bool needs_vbmi() const { return false; }
+  // False where the hardware prefetchers stream the weights (bf16): one-token
+  // kernels then unroll rows and prefetch a later call sparsely.
+  virtual bool streams_with_prefetch() const { return true; }
+  // Each row's sum times its fp32 global (GemvArgs::row_scales) before the store.
+  virtual bool row_globals() const { return false; }
+  // Each row's total times this before its sums (256: the fp16 widening's 2^-8).
+  virtual float total_factor() const { return 1.0f; }
+  ScaleRule* scale() const { return rule_.get(); }  // null when unscaled
+  // The decode path in words (moejit-info).
+  virtual std::string describe() const { return "widened to fp32, vfmadd231ps"; }
+
+  // ---- geometry of the weight bytes ----
+  virtual int block_bytes() const = 0;       // weight bytes of one block
+  virtual int elem_byte(int off) const = 0;  // byte of element `off` (a step start) from the block's first
+  bool check(std::string* why) const { return !rule_ || rule_->check(why); }
+
+  // ---- emission ----
+  void bind(Generator& g, const DecodeRegs& r);
+  // The scale rule's constants, then the decode's.
+  void emit_constants() {
+    if (rule_) rule_->emit_constants();
+    emit_decode_constants();
+  }
+  // Tables after the code (the decode's and the rule's, in the decoder's order).
+  virtual void emit_data() {
+    if (rule_) rule_->emit_data();
+  }
+  // Widens `cnt` elements (cnt <= step) of the block at `w`, from element
+  // `off`, into dst[0 .. shape().vectors() - 1] in the order of x_layout(),
+  // zeros past cnt and never a byte past them. cnt < step only in the last step
+  // of a row, and r_.tail then holds its low cnt bits (AVX-512). May clobber
+  // t[], scale and tmp; dst may be any vectors other than those and c[].
+  virtual void load_widen(const Cursor& w, int off, int cnt, const Xbyak::Xmm* dst) = 0;
+
+ protected:
+  // `vectors`: output vectors per step; `rule`: null for unscaled formats.
+  Decoder(const KernelKey& key, XLayout layout, int vectors, std::unique_ptr<ScaleRule> rule);
+  virtual void emit_decode_constants() {}
+
+  XLayout layout_;
+  std::unique_ptr<ScaleRule> rule_;
+};
+
+// The decoder for a key: the one place that picks a decode family from the
+// format, the tier and the flags. Null when no generated kernel decodes the
+// format on that tier.
+std::unique_ptr<Decoder> make_decoder(const KernelKey& key);
+
+}  // namespace moejit::jit

@@ -1,0 +1,95 @@
+// The decoder base and the one place that picks a decode family for a key.
+#include "jit/decoders.h"
+
+#include <algorithm>
+
+#include "formats/formats.h"
+#include "jit/gemv.h"
+
+namespace moejit::jit {
+
+using formats::Format;
+using namespace Xbyak;
+
+void ScaleRule::fma_tokens(const ScaleBlock& b, const Operand& scale) {
+  for (size_t m = 0; m < b.totals.size(); ++m) a().vfmadd231ps(b.totals[m], b.sums[m], scale);
+}
+
+Decoder::Decoder(const KernelKey& key, XLayout layout, int vectors, std::unique_ptr<ScaleRule> rule)
+    : DecodePart(key), layout_(layout), rule_(std::move(rule)) {
+  DecodeShape s;
+  const int vec_bytes = key.isa == Isa::avx2 ? 32 : 64;
+  s.vec_elems = x_elem_bytes(layout) == 4 ? vec_bytes / 4 : 32;
+  s.step = vectors * s.vec_elems;
+  s.scaled = rule_ != nullptr;
+  if (s.scaled) {
+    // A block is the unit one scale (or one per group of it) applies to: at
+    // least a group, at least a step up to kChunk.
+    const int group = rule_->group();
+    s.block = std::max(group, std::min(s.step, kChunk));
+    s.groups = s.block / group;
+  } else {
+    s.block = kChunk;
+  }
+  shape_ = s;
+  if (rule_) rule_->shape_ = s;
+}
+
+void Decoder::bind(Generator& g, const DecodeRegs& r) {
+  bind_part(g, r, shape_);
+  if (rule_) rule_->bind_part(g, r, shape_);
+}
+
+void emit_nibble_words(Generator& a, const Xmm* dst, const Xmm& table) {
+  const Zmm src = Zmm(dst[0].getIdx());
+  for (int j = 1; j < 4; ++j) a.vpsrlw(Zmm(dst[j].getIdx()), src, 4 * j);
+  for (int j = 0; j < 4; ++j) a.vpermw(Zmm(dst[j].getIdx()), Zmm(dst[j].getIdx()), Zmm(table.getIdx()));
+}
+
+std::unique_ptr<Decoder> make_decoder(const KernelKey& key) {
+  if (key.isa != Isa::avx2 && key.isa != Isa::avx512 && key.isa != Isa::avx512_bf16) return nullptr;
+  const bool bf16_tier = key.isa == Isa::avx512_bf16;
+  // The byte tables need AVX512_VBMI; kFlagNoVbmi keeps the decodes without it.
+  const bool tables = bf16_tier && !(key.flags & kFlagNoVbmi);
+  switch (static_cast<Format>(key.format)) {
+    case Format::bf16: return make_bf16_decoder(key);
+    case Format::fp8_block:
+    case Format::mxfp8_e4m3: {
+      auto rule =
+          key.format == int32_t(Format::fp8_block) ? make_block128_scale(key) : make_byte_code_scale(key);
+      if (tables) return make_fp8_table_decoder(key, std::move(rule));
+      if (bf16_tier) return make_e4m3_blend_decoder(key, std::move(rule));
+      return make_e4m3_fp16_decoder(key, std::move(rule));
+    }
+    case Format::mxfp8_e5m2:
+      if (tables) return make_fp8_table_decoder(key, make_byte_code_scale(key));
+      return make_e5m2_fp16_decoder(key, make_byte_code_scale(key));
+    case Format::q8_0: return tables ? make_q8_table_decoder(key) : make_q8_f32_decoder(key);
+    case Format::q4_0: return bf16_tier ? make_q4x4_decoder(key) : make_q4_f32_decoder(key);
+    case Format::mxfp4:
+    case Format::nvfp4:
+      return bf16_tier ? make_e2m1_nib128_decoder(key)
+                       : make_e2m1_f32_decoder(key, make_byte_code_scale(key));
+    default: return nullptr;
+  }
+}
+
+std::string decode_path(Isa isa, int32_t format, uint32_t flags) {
+  KernelKey key;
+  key.isa = isa;
+  key.format = format;
+  key.flags = flags;
+  const auto d = make_decoder(key);
+  return d ? d->describe() : std::string();
+}
+
+XPrep x_prep(Isa isa, int32_t format, uint32_t flags) {
+  KernelKey key;
+  key.isa = isa;
+  key.format = format;
+  key.flags = flags;
+  const auto d = make_decoder(key);
+  return d ? d->x_prep() : XPrep();
+}
+
+}  // namespace moejit::jit

@@ -1,0 +1,87 @@
+// Prepared activations: the order and element type a kernel's decode wants x in,
+// and the one code that writes it. Matmul, the tools, the tests and the
+// benchmarks all prepare x through XPrep; the decoder of a kernel's format
+// chooses its layout (x_prep(), defined with the decoders). No Xbyak here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "jit/kernel_key.h"
+
+namespace moejit::jit {
+
+// Prepared activations are padded with zeros to a multiple of 128 elements so
+// full-vector loads past K (up to one 128-element decode chunk) read zeros.
+inline int64_t x_stride(int64_t k) { return (k + 127) / 128 * 128; }
+
+// How a kernel wants its activations laid out.
+enum class XLayout {
+  f32,             // fp32, natural order (avx2, avx512)
+  bf16,            // bf16 pairs, natural order (avx512_bf16)
+  bf16_perm64,     // bf16; inside each 64-element chunk, elements 16L+0..7 (L = 0..3) come first, then
+                   // 16L+8..15: the order in which the byte-table e4m3 decode unpacks weights
+  f32_evens_odds,  // fp32; inside each group of 2V elements (V = vector lanes) the even elements
+                   // come first, then the odd ones: the order of the low and high e2m1 nibbles
+  bf16_nib128,     // bf16; inside each 128-element chunk (64 bytes of e2m1 pairs), element e sits at
+                   // 32 (e % 4) + e / 4: vector j of the decode holds nibble j of every 16-bit word
+  bf16_q4,         // bf16; inside each 128-element chunk (4 q4_0 blocks), element e of block b (byte
+                   // e % 16, high nibble when e >= 16) sits at 32 j + 8 b + (e % 16) / 2 with
+                   // j = 2 (e % 2) + e / 16: the 16 quant bytes of block b on 128-bit lane b, decoded as e2m1
+};
+
+inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 || l == XLayout::f32_evens_odds ? 4 : 2; }
+// Vector lanes of fp32 activations on a tier (the evens/odds group is twice this).
+inline int64_t f32_lanes(Isa isa) { return isa == Isa::avx2 ? 8 : 16; }
+inline int64_t nib128_position(int64_t n) { return (n % 4) * 32 + n / 4; }
+// Slot of activation k in a prepared vector (`isa` matters only for f32_evens_odds).
+inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
+  switch (l) {
+    case XLayout::f32_evens_odds: {
+      const int64_t g = 2 * f32_lanes(isa), r = k % g;
+      return (k - r) + (r % 2 ? g / 2 : 0) + r / 2;
+    }
+    case XLayout::bf16_perm64: {
+      const int64_t r = k & 63, lane = r >> 4, j = r & 15;
+      return (k - r) + (j < 8 ? lane * 8 + j : 32 + lane * 8 + (j - 8));
+    }
+    case XLayout::bf16_nib128: return (k & ~int64_t(127)) + nib128_position(k & 127);
+    case XLayout::bf16_q4: {
+      const int64_t r = k & 127, b = r / 32, e = r % 32;
+      return (k - r) + 32 * (2 * (e % 2) + e / 16) + 8 * b + (e % 16) / 2;
+    }
+    default: return k;
+  }
+}
+
+// The prepared-activation layout of one kernel family on its tier, and the
+// code that writes it. A prepared vector holds x_stride(k) elements; the
+// padding past k must be zero (callers zero their buffers once).
+class XPrep {
+ public:
+  XPrep() = default;  // fp32 in natural order: the scalar tier
+  XPrep(XLayout layout, Isa isa) : layout_(layout), isa_(isa) {}
+
+  XLayout layout() const { return layout_; }
+  size_t elem_bytes() const { return x_elem_bytes(layout_); }
+  int64_t position(int64_t k) const { return x_position(layout_, k, isa_); }
+
+  // One prepared vector from k bf16 activations.
+  void prepare(void* vec, const uint16_t* src, int64_t k) const;
+  // Activations k0 .. k0 + n - 1 of one prepared vector (values exact in bf16).
+  void store(void* vec, int64_t k0, const float* v, int64_t n) const;
+
+ private:
+  XLayout layout_ = XLayout::f32;
+  Isa isa_ = Isa::scalar;
+};
+
+// The layout of the kernels of `format` on `isa` with KernelKey::flags `flags`:
+// the choice of the format's decoder (jit/decoders.cpp). The scalar tier reads
+// fp32 in natural order.
+XPrep x_prep(Isa isa, int32_t format, uint32_t flags);
+inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
+  return x_prep(isa, format, flags).layout();
+}
+
+}  // namespace moejit::jit
