@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "formats/formats.h"
+#include "jit/cpu.h"
 #include "jit/gemv.h"
+#include "jit/tiers.h"
 #include "moejit.h"
 
 namespace {
@@ -60,20 +62,13 @@ std::string cpu_signature() {
   return buf;
 }
 
-// Features in the order the tiers need them (README "ISA tiers").
+// Every feature bit of the tier table (jit/tiers.h), as moejit's CPU detection
+// (jit/cpu.cpp) sees it: the OS's tile-data permission included.
 std::vector<std::pair<std::string, bool>> features() {
-  using C = Xbyak::util::Cpu;
-  C cpu;
-  return {{"avx2", cpu.has(C::tAVX2)},
-          {"fma", cpu.has(C::tFMA)},
-          {"f16c", cpu.has(C::tF16C)},
-          {"avx512f", cpu.has(C::tAVX512F)},
-          {"avx512bw", cpu.has(C::tAVX512BW)},
-          {"avx512vl", cpu.has(C::tAVX512VL)},
-          {"avx512dq", cpu.has(C::tAVX512DQ)},
-          {"avx512_vbmi", cpu.has(C::tAVX512_VBMI)},
-          {"avx512_bf16", cpu.has(C::tAVX512_BF16)},
-          {"amx_bf16", cpu.has(C::tAMX_BF16)}};
+  std::vector<std::pair<std::string, bool>> r;
+  for (int bit = 0; bit < moejit::jit::kFeatureCount; ++bit)
+    r.emplace_back(moejit::jit::feature_name(bit), moejit::jit::host_features().has(1u << bit));
+  return r;
 }
 
 bool has_feature(const std::vector<std::pair<std::string, bool>>& f, const std::string& name) {
@@ -162,9 +157,12 @@ struct FormatTier {
 // How the kernels of a format decode on a tier (docs/ARCHITECTURE.md).
 std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) {
   if (isa == MOEJIT_ISA_SCALAR) return "";
-  const auto tier = moejit::jit::Isa(int(isa));
-  const uint32_t flags = isa == MOEJIT_ISA_AVX512_BF16 && !vbmi ? moejit::jit::kFlagNoVbmi : 0;
-  return moejit::jit::decode_path(tier, int32_t(moejit::formats::kernel_format(f)), flags);
+  namespace J = moejit::jit;
+  const J::Isa tier = J::Isa(int(isa)), kernels = J::kernel_isa(tier);
+  const uint32_t flags = kernels == J::Isa::avx512_bf16 && !vbmi ? J::kFlagNoVbmi : 0;
+  const std::string path = J::decode_path(kernels, int32_t(moejit::formats::kernel_format(f)), flags);
+  // A tier without kernels of its own for the format runs its vector tier's.
+  return kernels == tier ? path : std::string(J::isa_name(kernels)) + " kernels: " + path;
 }
 
 // Asks the library: a 16 x 256 dense layer of each format on a default context.
@@ -278,6 +276,15 @@ int main(int argc, char** argv) {
     j["cpu_signature"] = cpu_signature();
     j["features"] = json::object();
     for (const auto& [n, v] : feats) j["features"][n] = v;
+    j["tile_data"] = moejit::jit::host_features().tile_data_note;
+    j["tiers"] = json::array();
+    for (int i = 0; i < moejit::jit::kTierCount; ++i) {
+      const moejit::jit::TierInfo& t = moejit::jit::tier(i);
+      j["tiers"].push_back({{"name", t.name},
+                            {"needs", t.needs},
+                            {"available", moejit::jit::isa_available(t.isa)},
+                            {"kernels", moejit::jit::isa_name(moejit::jit::kernel_isa(t.isa))}});
+    }
     j["host_isa"] = host;
     j["context_isa"] = ctx_error.empty() ? json(ctx_tier) : json(nullptr);
     if (!ctx_error.empty()) j["context_error"] = ctx_error;
@@ -301,11 +308,14 @@ int main(int argc, char** argv) {
   std::printf("moejit %s (ABI %u)\n", moejit_version(), moejit_abi_version());
   std::printf("cpu         %s (%s)\n", model.c_str(), cpu_signature().c_str());
   std::printf("features   ");
-  for (const auto& [n, v] : feats)
-    if (n != "amx_bf16") std::printf(" %s%s", v ? "+" : "-", n.c_str());
-  std::printf("\n            (amx_bf16 %s: not used by moejit)\n",
-              has_feature(feats, "amx_bf16") ? "present" : "absent");
-  std::printf("host tier   %s\n", host);
+  for (const auto& [n, v] : feats) std::printf(" %s%s", v ? "+" : "-", n.c_str());
+  std::printf("\ntile data   %s\n", moejit::jit::host_features().tile_data_note);
+  std::printf("tiers      ");
+  for (int i = 0; i < moejit::jit::kTierCount; ++i) {
+    const moejit::jit::TierInfo& t = moejit::jit::tier(i);
+    std::printf(" %s%s", moejit::jit::isa_available(t.isa) ? "+" : "-", t.name);
+  }
+  std::printf("\nhost tier   %s\n", host);
   if (ctx_error.empty())
     std::printf("context     %s (default context: host tier capped by MOEJIT_MAX_ISA)\n", ctx_tier.c_str());
   else
