@@ -747,3 +747,64 @@ TEST(Traits, FormatFromNameInvertsFormatName) {
     EXPECT_EQ(fm::Format::q8_0, f) << "output written for " << bad;
   }
 }
+
+// Every row of the format table against the numbers formats.md states, written
+// out here independently of the table: bytes per row, scale tensor shape and
+// element size, the per-row globals, groups and the K rule.
+TEST(Traits, EveryFormatRowAgainstFormatsMd) {
+  struct Row {
+    fm::Format f;
+    int64_t bytes_k256;  // weight bytes of one row of K = 256
+    int64_t scale_cols_k256, scale_rows_200,
+        scale_bytes;  // scale columns for K = 256, scale rows of 200 rows
+    bool row_globals;
+    int32_t group;
+    int64_t smallest_k;  // the smallest valid K
+    fm::Format kernel;
+  };
+  const Row rows[] = {
+      {fm::Format::bf16, 512, 0, 0, 0, false, 0, 1, fm::Format::bf16},
+      {fm::Format::nvfp4, 128, 16, 200, 1, true, 16, 16, fm::Format::nvfp4},
+      {fm::Format::mxfp4, 128, 8, 200, 1, false, 32, 32, fm::Format::mxfp4},
+      {fm::Format::ds_fp4, 128, 8, 200, 1, false, 32, 32, fm::Format::mxfp4},
+      {fm::Format::q4_0, 144, 0, 0, 0, false, 32, 32, fm::Format::q4_0},
+      {fm::Format::fp8_block, 256, 2, 2, 2, false, 128, 1, fm::Format::fp8_block},
+      {fm::Format::q8_0, 272, 0, 0, 0, false, 32, 32, fm::Format::q8_0},
+      {fm::Format::mxfp8_e4m3, 256, 8, 200, 1, false, 32, 32, fm::Format::mxfp8_e4m3},
+      {fm::Format::mxfp8_e5m2, 256, 8, 200, 1, false, 32, 32, fm::Format::mxfp8_e5m2},
+  };
+  ASSERT_EQ(std::size(rows), size_t(fm::kMaxFormatId + 1));
+  for (const Row& r : rows) {
+    SCOPED_TRACE(fm::format_name(r.f));
+    const int32_t g = fm::default_group(r.f, 0);
+    EXPECT_EQ(g, r.group);
+    EXPECT_EQ(fm::row_bytes(r.f, 256), r.bytes_k256);
+    EXPECT_EQ(fm::has_block_scales(r.f), r.scale_bytes > 0);
+    EXPECT_EQ(fm::scale_cols(r.f, g, 256), r.scale_cols_k256);
+    EXPECT_EQ(fm::scale_rows(r.f, 200), r.scale_rows_200);
+    EXPECT_EQ(fm::scale_elem_bytes(r.f, fm::ScaleDtype::bf16), r.scale_bytes);
+    EXPECT_EQ(fm::has_row_scales(r.f), r.row_globals);
+    EXPECT_EQ(fm::kernel_format(r.f), r.kernel);
+    const char* why = "";
+    EXPECT_TRUE(fm::k_is_valid(r.f, g, r.smallest_k, &why)) << why;
+    EXPECT_TRUE(fm::k_is_valid(r.f, g, 4 * r.smallest_k, &why)) << why;
+    if (r.smallest_k > 1) {
+      EXPECT_FALSE(fm::k_is_valid(r.f, g, r.smallest_k + 1, &why));
+      EXPECT_GT(std::strlen(why), 0u);
+    }
+    EXPECT_FALSE(fm::k_is_valid(r.f, g, 0, &why));
+  }
+  // mxfp8 lets the descriptor pick 64 or 128; the K rule follows the group picked.
+  for (fm::Format f : {fm::Format::mxfp8_e4m3, fm::Format::mxfp8_e5m2}) {
+    EXPECT_EQ(fm::default_group(f, 64), 64);
+    EXPECT_EQ(fm::default_group(f, 128), 128);
+    const char* why = "";
+    EXPECT_FALSE(fm::k_is_valid(f, 128, 192, &why));
+    EXPECT_STREQ(why, "must be a multiple of the group size 128");
+    EXPECT_EQ(fm::scale_cols(f, 64, 256), 4);
+  }
+  EXPECT_EQ(fm::default_group(fm::Format::mxfp4, 64), 32) << "mxfp4 groups are fixed";
+  EXPECT_EQ(fm::scale_elem_bytes(fm::Format::fp8_block, fm::ScaleDtype::f32), 4);
+  EXPECT_EQ(fm::scale_row_of(fm::Format::fp8_block, 255), 1);
+  EXPECT_EQ(fm::scale_row_of(fm::Format::mxfp4, 255), 255);
+}
