@@ -227,3 +227,18 @@ def routes(rng, tokens: int, experts: int, top_k: int, skip: float = 0.0):
         ids[rng.random(ids.shape) < skip] = -1
     w = rng.uniform(0.1, 1.0, size=(tokens, top_k)).astype(np.float32)
     return ids, w
+
+
+def ds_roundtrip(v: np.ndarray) -> np.ndarray:
+    """ds_fp4's activation round trip of a bf16 vector (docs/FORMATS.md), per block of
+    128: s = 2^ceil(log2(max(amax, 1e-4) / 448)), v' = bf16(e4m3_rne(v / s) * s)."""
+    v = np.asarray(v).astype(np.float64)
+    out = np.empty_like(v)
+    for b0 in range(0, v.shape[-1], 128):
+        blk = v[..., b0:b0 + 128]
+        r = np.maximum(np.abs(blk).max(axis=-1, keepdims=True), 1e-4) / 448
+        m, e = np.frexp(r)
+        s = np.exp2(np.where(m == 0.5, e - 1, e).astype(np.float64))
+        q = np.clip(blk / s, -448, 448).astype(np.float32).astype(E4M3).astype(np.float64)
+        out[..., b0:b0 + 128] = bf16(q * s).astype(np.float64)
+    return out

@@ -7,8 +7,8 @@ import pytest
 
 import moejit
 from conftest import host_tiers
-from moejit_ref import (BF16, E2M1, E8M0, assert_close, bf16, make_bank, moe_kwargs, moe_reference, rand_bf16,
-                        routes)
+from moejit_ref import (BF16, E2M1, E8M0, assert_close, bf16, ds_roundtrip, make_bank, moe_kwargs, moe_reference,
+                        rand_bf16, routes)
 
 E, H, I, K, T = 6, 256, 128, 3, 4
 
@@ -199,3 +199,22 @@ def test_bf16_output_is_rounded_f32_output(ctx, rng):
     y32 = moejit.MoE(ctx, format="bf16", top_k=K, output_dtype="f32", **moe_kwargs(gu, dn)).forward(x, ids, w)
     y16 = moejit.MoE(ctx, format="bf16", top_k=K, output_dtype="bf16", **moe_kwargs(gu, dn)).forward(x, ids, w)
     assert np.array_equal(bf16(y32).view(np.uint16), y16.view(np.uint16))
+
+
+@pytest.mark.skipif(E2M1 is None, reason="ml_dtypes has no float4_e2m1fn")
+def test_ds_fp4_linear_rounds_its_input(ctx, rng):
+    # ds_fp4 = mxfp4 bytes + DeepSeek numerics: a linear layer round-trips x through
+    # e4m3 per 128 (a 2880-wide row ends in a 64-element block) and nothing else.
+    rows, cols = 64, 2880
+    q = make_bank("ds_fp4", 1, rows, cols, rng).mats[0]
+    x = rand_bf16(rng, (3, cols))
+    y = moejit.Linear(ctx, format="ds_fp4", weight=q.data, scales=q.scales, output_dtype="f32").forward(x)
+    xr = ds_roundtrip(x)
+    assert not np.array_equal(xr, x.astype(np.float64))  # the round trip changes x
+    ref = xr @ q.deq.T
+    assert_close(y, ref, np.abs(xr) @ np.abs(q.deq).T, False, "ds_fp4 linear", rel=2.0 ** -20)
+    # The same bytes as mxfp4 do not round x: a different result.
+    y_mx = moejit.Linear(ctx, format="mxfp4", weight=q.data, scales=q.scales, output_dtype="f32").forward(x)
+    assert_close(y_mx, x.astype(np.float64) @ q.deq.T, np.abs(x.astype(np.float64)) @ np.abs(q.deq).T, False,
+                 "mxfp4 linear", rel=2.0 ** -20)
+    assert not np.array_equal(y, y_mx)
