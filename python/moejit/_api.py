@@ -171,7 +171,7 @@ def _out_like(x: Any, shape: tuple[int, int], dtype: int):
 def _out_view(out, shape: tuple[int, int], dtype: int, inputs: list[tuple[A.View, str]]) -> A.View:
     v = A.view(out, "out")
     allowed = BITS16 if dtype == 0 else FLOAT32
-    A.check_matrix2d(v, shape, allowed, "out", "the output, dtype " + ("bf16" if dtype == 0 else "f32"))
+    A.check_matrix2d(v, shape, allowed, "out", lambda: "the output, dtype " + ("bf16" if dtype == 0 else "f32"))
     A.check_writable(v, "out")
     A.check_no_overlap(v, inputs, "out")
     return v
@@ -179,11 +179,14 @@ def _out_view(out, shape: tuple[int, int], dtype: int, inputs: list[tuple[A.View
 
 def _x_view(x, cols: int, what_cols: str) -> tuple[A.View, int]:
     v = A.view(x, "x")
+    a = v.array
+    if v.dtype in BITS16 and a.ndim == 2 and a.shape[1] == cols and a.flags.c_contiguous:
+        return v, int(a.shape[0])
     A.check_dtype(v, BITS16, "x", "the bf16 activations")
-    if v.array.ndim != 2 or v.array.shape[1] != cols:
+    if a.ndim != 2 or a.shape[1] != cols:
         raise InvalidArgument(f"x: expected shape [num_tokens, {cols}] ({what_cols}), got {A.describe(v)}")
     A.check_contiguous(v, "x")
-    return v, int(v.array.shape[0])
+    return v, int(a.shape[0])
 
 
 def _fmt(format, group_size) -> tuple[int, str, Any]:
@@ -359,9 +362,9 @@ class MoE:
         xv, t = _x_view(x, self._hidden, f"hidden = {self._hidden}")
         k = self._top_k
         iv = A.view(topk_ids, "topk_ids")
-        A.check_matrix2d(iv, (t, k), ("int32",), "topk_ids", f"int32 expert ids, [num_tokens = {t}, top_k = {k}]")
+        A.check_matrix2d(iv, (t, k), ("int32",), "topk_ids", lambda: f"int32 expert ids, [num_tokens = {t}, top_k = {k}]")
         wv = A.view(topk_weights, "topk_weights")
-        A.check_matrix2d(wv, (t, k), FLOAT32, "topk_weights", f"float32 router weights, [{t}, top_k = {k}]")
+        A.check_matrix2d(wv, (t, k), FLOAT32, "topk_weights", lambda: f"float32 router weights, [{t}, top_k = {k}]")
         if out is None:
             out = _out_like(x, (t, self._hidden), self._out_dtype)
         ov = _out_view(out, (t, self._hidden), self._out_dtype,

@@ -71,16 +71,28 @@ def view(obj, what: str) -> View:
     return _numpy_view(a, what, obj)
 
 
-def _numpy_view(a: np.ndarray, what: str, source) -> View:
-    dt = a.dtype
+# dtype -> (the unsigned dtype to view it as, or None; its logical name). numpy's
+# dtype.name is slow to compute; calls look it up here.
+_DTYPES: dict = {}
+
+
+def _classify(dt: np.dtype, what: str):
     if dt.type.__module__ == "ml_dtypes":
         raw = _RAW_BY_SIZE.get(dt.itemsize)
         if raw is None:
             raise InvalidArgument(f"{what}: dtype {dt.name} is not supported")
-        return View(a.view(raw), dt.name, source)
+        return np.dtype(raw), dt.name
     if dt.kind not in "biuf" or dt.fields is not None or dt.subdtype is not None:
         raise InvalidArgument(f"{what}: dtype {dt} is not a numeric dtype")
-    return View(a, dt.name, source)
+    return None, dt.name
+
+
+def _numpy_view(a: np.ndarray, what: str, source) -> View:
+    info = _DTYPES.get(a.dtype)
+    if info is None:
+        info = _DTYPES[a.dtype] = _classify(a.dtype, what)
+    raw, name = info
+    return View(a if raw is None else a.view(raw), name, source)
 
 
 def _torch_view(t, what: str) -> View:
@@ -129,11 +141,16 @@ def check_contiguous(v: View, what: str) -> None:
         )
 
 
-def check_matrix2d(v: View, shape: tuple[int, int], allowed: tuple[str, ...], what: str, purpose: str) -> None:
-    """A C-contiguous [rows, cols] array of one of `allowed` dtypes."""
-    check_dtype(v, allowed, what, purpose)
-    if v.array.shape != shape:
-        raise InvalidArgument(f"{what}: expected shape {shape_str(shape)} ({purpose}), got {shape_str(v.array.shape)}")
+def check_matrix2d(v: View, shape: tuple[int, int], allowed: tuple[str, ...], what: str, purpose) -> None:
+    """A C-contiguous [rows, cols] array of one of `allowed` dtypes; `purpose` (a str,
+    or a function giving one: built only for a message) says what it holds."""
+    a = v.array
+    if v.dtype in allowed and a.shape == shape and a.flags.c_contiguous:
+        return
+    p = purpose() if callable(purpose) else purpose
+    check_dtype(v, allowed, what, p)
+    if a.shape != shape:
+        raise InvalidArgument(f"{what}: expected shape {shape_str(shape)} ({p}), got {shape_str(a.shape)}")
     check_contiguous(v, what)
 
 
