@@ -30,6 +30,7 @@ if _core.abi_version() != _core.COMPILED_ABI_VERSION:  # pragma: no cover (needs
 from . import _names
 from ._api import Context, Linear, MoE, Task
 from ._names import ACTIVATIONS
+from . import hf  # noqa: E402  (checkpoint loaders: moejit.hf.moe_layer)
 
 __version__ = _core.version()
 
@@ -56,6 +57,7 @@ __all__ = [
     "isa_name",
     "status_name",
     "last_error",
+    "hf",
 ]
 
 
