@@ -29,7 +29,7 @@ def test_submit_wait_matches_forward(layer, rng):
     x = rand_bf16(rng, (3, H))
     ids, w = routes(rng, 3, E, K)
     task = moe.submit(x, ids, w)
-    assert isinstance(task, moejit.Task) and not task.done
+    assert isinstance(task, moejit.Task) and not task.done and repr(task) == "moejit.Task(done=False)"
     y = task.wait()
     assert task.done and task.wait() is y  # a second wait returns at once
     assert np.array_equal(y.view(np.uint16), moe.forward(x, ids, w).view(np.uint16))

@@ -33,10 +33,11 @@ def fp8_kw(fp8, **over):
     return {k: v for k, v in kw.items() if v is not None}
 
 
-def test_inferred_geometry(moe):
+def test_inferred_geometry(c, moe):
     assert (moe.hidden, moe.intermediate, moe.num_experts, moe.top_k, moe.max_tokens) == (H, I, E, K, 4)
     assert (moe.format, moe.output_dtype, moe.scale_dtype, moe.activation) == ("fp8_block", "bf16", "bf16", "silu")
     assert "fp8_block" in repr(moe)
+    assert moe.context is c and moe.isa == c.isa and not moe.closed
 
 
 @pytest.mark.parametrize("over,cls,pattern", [
@@ -247,6 +248,7 @@ def test_linear_errors(c):
         moejit.Linear(c, format="q8_0", weight=np.zeros((4, 34 * 3), np.uint8), cols=100)
     lin = moejit.Linear(c, format="fp8_block", weight=q.data, scales=q.scales, max_tokens=2, output_dtype="f32")
     assert lin.output_dtype == "f32" and lin.max_tokens == 2 and lin.format == "fp8_block" and "Linear" in repr(lin)
+    assert lin.context is c and not lin.closed
     x = rand_bf16(rng, (2, 256))
     with pytest.raises(IA, match=r"x: expected shape \[num_tokens, 256\] \(cols = 256\)"):
         lin.forward(x[:, :128])
