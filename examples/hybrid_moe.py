@@ -591,7 +591,10 @@ def main(argv=None) -> int:
 
 
 def run_gpu(a, ebytes: int, geometry: dict) -> int:
-    import torch
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("the GPU run needs torch; --plan-only prints the model's table without it") from None
 
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU: use --plan-only for the model's table")

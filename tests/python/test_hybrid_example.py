@@ -172,3 +172,13 @@ def test_cpu_path_on_a_small_layer(rng):
         assert got.dtype == BF16
         ref, bound = moe_reference(xb, part, w, gu, dn)
         assert_close(got, ref, bound, True)
+
+
+def test_gpu_run_without_torch_says_so():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(SystemExit, match="the GPU run needs torch"):
+            hm.main(["--experts", "8"])
+    else:
+        pytest.skip("torch is installed")
