@@ -2,10 +2,10 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 DEB_PACKAGES := cmake g++ make pkg-config libxbyak-dev libzydis-dev googletest libgtest-dev libgmock-dev \
-                libbenchmark-dev libdnnl-dev libcli11-dev nlohmann-json3-dev python3-venv python3-pip
+                libbenchmark-dev libdnnl-dev libcli11-dev nlohmann-json3-dev python3-venv python3-pip python3-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps pyenv build demo test check fuzz fuzz-deps clean format
+.PHONY: all deps pyenv build demo test pip-check check fuzz fuzz-deps clean format
 
 all: build
 
@@ -18,9 +18,10 @@ deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-# Test-only Python (the crosscheck_formats test: numpy, ml_dtypes, gguf as
-# references for formats/). Created once; a no-op while the stamp is newer than
-# the pinned requirements. The library itself never uses Python.
+# Test-only Python: references for the crosscheck_formats test (numpy, ml_dtypes,
+# gguf), and nanobind + pytest for the Python package (python/), which the build
+# then compiles and CTest runs. Created once; a no-op while the stamp is newer
+# than the pinned requirements. The C library itself never uses Python.
 PYENV := $(BUILD)/pyenv
 PYENV_STAMP := $(PYENV)/.installed
 PY_REQUIREMENTS := tests/python/requirements.txt
@@ -44,6 +45,19 @@ demo: build
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# `pip install .` into a fresh venv (what docs/PYTHON.md tells users), the README's
+# import line from outside the source tree, then the package's pytest suite against
+# that installed wheel (not the build tree's copy).
+PIP_VENV := $(abspath $(BUILD))/pip-check
+pip-check: deps
+	rm -rf $(PIP_VENV)
+	python3 -m venv $(PIP_VENV)
+	$(PIP_VENV)/bin/pip install -q --disable-pip-version-check .
+	cd / && $(PIP_VENV)/bin/python -c "import moejit; print(moejit.info())"
+	$(PIP_VENV)/bin/pip install -q --disable-pip-version-check -r $(PY_REQUIREMENTS)
+	cd / && PYTHONPATH= PYTHONDONTWRITEBYTECODE=1 $(PIP_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	  $(CURDIR)/tests/python --installed-from $(PIP_VENV)
 
 # Sanitizer builds (docs/RELIABILITY.md): the whole suite under ASan + LSan + UBSan,
 # then the threaded suites under TSan. Own build directories; `make test` is untouched.
