@@ -197,12 +197,14 @@ int64_t l3_cache_bytes() {
     for (int i = 0; i < 8; ++i) {
       const std::string dir =
           "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/cache/index" + std::to_string(i) + "/";
-      std::ifstream level(dir + "level"), size(dir + "size"), shared(dir + "shared_cpu_list");
+      std::ifstream level(dir + "level"), size(dir + "size"), shared(dir + "shared_cpu_list"), id(dir + "id");
       int lv = 0;
       std::string s, who;
       if (!(level >> lv) || !(size >> s)) continue;
       if (lv != 3 || s.empty()) continue;
-      if (!(shared >> who)) who = "cpu" + std::to_string(cpu);
+      // Which L3 this is: the CPUs sharing it, else its id, else the one L3 of every CPU (never
+      // counted twice when sysfs cannot tell them apart).
+      if (!(shared >> who) && id >> who) who = "id " + who;
       if (!seen.insert(who).second) break;
       int64_t v = std::stoll(s);
       const char unit = s.back();
