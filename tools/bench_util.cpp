@@ -335,13 +335,13 @@ std::vector<ReadVariant> startup_read_variants() {
   const int widest = __builtin_cpu_supports("avx512f") ? 64 : 32;
   return only_available({
       kPlainRead,
-      {widest, 1, Prefetch::none, 0, false},
+      {widest, 1, Prefetch::t1, 1024, false},
       {widest, 4, Prefetch::none, 0, false},
+      {widest, 4, Prefetch::t1, 1024, false},
       {widest, 4, Prefetch::none, 0, true},
-      {widest, 8, Prefetch::none, 0, true},
       {widest, 2, Prefetch::t1, 1024, true},
+      {widest, 8, Prefetch::t1, 1024, true},
       {widest, 4, Prefetch::t1, 4096, true},
-      {widest, 8, Prefetch::t1, 16384, true},
   });
 }
 
