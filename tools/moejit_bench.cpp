@@ -278,7 +278,8 @@ int run_all(const Config& c) {
 }
 
 // --probe: every variant of all_read_variants() per thread count, interleaved, then the best and
-// the start-up pick, and the plain and best variants again over a buffer on 4 KiB pages.
+// the start-up pick, and the plain and best variants again over the buffer on 2 MiB pages and one
+// on 4 KiB pages, in turn pass by pass.
 int run_probe(const Config& c) {
   const std::vector<ReadVariant> variants = all_read_variants();
   const std::vector<ReadVariant> startup = startup_read_variants();
@@ -294,9 +295,13 @@ int run_probe(const Config& c) {
   fill_words(huge.data(), huge.size(), c.seed, [](uint64_t w) { return w; });
   fill_words(small.data(), small.size(), c.seed, [](uint64_t w) { return w; });
   const int64_t huge_bytes = huge.huge_page_bytes(), small_huge_bytes = small.huge_page_bytes();
-  std::vector<std::vector<double>> gbps;              // [thread count][variant]
-  std::vector<size_t> best, startup_best;             // per thread count: index into variants
-  std::vector<std::pair<double, double>> small_gbps;  // (plain, best) on 4 KiB pages
+  std::vector<std::vector<double>> gbps;   // [thread count][variant]
+  std::vector<size_t> best, startup_best;  // per thread count: index into variants
+  // Per thread count: plain and best on 2 MiB pages, then on 4 KiB pages, the buffers in turn.
+  struct Pages {
+    double huge_plain, huge_best, small_plain, small_best;
+  };
+  std::vector<Pages> pages;
   for (size_t i = 0; i < c.threads.size(); ++i) {
     const int t = c.threads[i];
     progress.set_case(int(i), std::to_string(t) + " thread" + (t == 1 ? "" : "s"));
@@ -309,10 +314,14 @@ int run_probe(const Config& c) {
     for (size_t v = 0; v < variants.size(); ++v)
       if (in_startup(v) && g[v] > g[sb]) sb = v;
     startup_best.push_back(sb);
-    progress.step("4 KiB pages");
-    const std::vector<double> s =
-        measure_read_variants(small, t, c.probe_passes, {kPlainRead, variants[best.back()]});
-    small_gbps.emplace_back(s[0], s[1]);
+    progress.step("2 MiB against 4 KiB pages");
+    std::vector<double> hp, hb, sp, sb4;
+    for (int pass = 0; pass < c.probe_passes; ++pass) {
+      const std::vector<double> h = measure_read_variants(huge, t, 1, {kPlainRead, variants[best.back()]});
+      const std::vector<double> s = measure_read_variants(small, t, 1, {kPlainRead, variants[best.back()]});
+      hp.push_back(h[0]), hb.push_back(h[1]), sp.push_back(s[0]), sb4.push_back(s[1]);
+    }
+    pages.push_back({median(hp), median(hb), median(sp), median(sb4)});
   }
   progress.clear();
   const auto share = [&](int64_t b) {
@@ -344,8 +353,11 @@ int run_probe(const Config& c) {
                      {"startup_pick", variants[startup_best[i]].name()},
                      {"startup_pick_gbps", gbps[i][startup_best[i]]},
                      {"plain_gbps", gbps[i][plain]},
-                     {"small_pages_plain_gbps", small_gbps[i].first},
-                     {"small_pages_best_gbps", small_gbps[i].second}});
+                     {"pages",
+                      {{"huge_plain_gbps", pages[i].huge_plain},
+                       {"huge_best_gbps", pages[i].huge_best},
+                       {"small_plain_gbps", pages[i].small_plain},
+                       {"small_best_gbps", pages[i].small_best}}}});
     doc["per_threads"] = per;
     std::printf("%s\n", doc.dump(2).c_str());
     return 0;
@@ -370,12 +382,12 @@ int run_probe(const Config& c) {
   for (size_t i = 0; i < c.threads.size(); ++i)
     std::printf(
         "%2d thread%s best %s %.1f GB/s; start-up pick %s %.1f (%.1f%% of best); plain %.1f (%.1f%%); "
-        "4 KiB pages: plain %.1f, %s %.1f\n",
+        "2 MiB / 4 KiB pages, in turn: plain %.1f / %.1f, best %.1f / %.1f\n",
         c.threads[i], c.threads[i] == 1 ? ": " : "s:", variants[best[i]].name().c_str(), gbps[i][best[i]],
         variants[startup_best[i]].name().c_str(), gbps[i][startup_best[i]],
         100.0 * gbps[i][startup_best[i]] / gbps[i][best[i]], gbps[i][plain],
-        100.0 * gbps[i][plain] / gbps[i][best[i]], small_gbps[i].first, variants[best[i]].name().c_str(),
-        small_gbps[i].second);
+        100.0 * gbps[i][plain] / gbps[i][best[i]], pages[i].huge_plain, pages[i].small_plain,
+        pages[i].huge_best, pages[i].small_best);
   return 0;
 }
 
