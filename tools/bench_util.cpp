@@ -336,12 +336,13 @@ std::vector<ReadVariant> startup_read_variants() {
   return only_available({
       kPlainRead,
       {widest, 1, Prefetch::t1, 1024, false},
-      {widest, 4, Prefetch::none, 0, false},
+      {widest, 2, Prefetch::t1, 1024, false},
       {widest, 4, Prefetch::t1, 1024, false},
+      {widest, 4, Prefetch::none, 0, false},
       {widest, 4, Prefetch::none, 0, true},
+      {widest, 1, Prefetch::t0, 1024, true},
       {widest, 2, Prefetch::t1, 1024, true},
       {widest, 8, Prefetch::t1, 1024, true},
-      {widest, 4, Prefetch::t1, 4096, true},
   });
 }
 
