@@ -12,23 +12,17 @@ namespace moejit_bench {
 
 namespace {
 
-Geometry make_geometry(int32_t h, int32_t i, int32_t e, int32_t k, moejit_activation act, bool oai) {
-  Geometry g;
-  g.hidden = h, g.intermediate = i, g.experts = e, g.top_k = k, g.activation = act;
-  if (oai) g.swiglu_alpha = 1.702f, g.swiglu_limit = 7.0f, g.interleaved = true, g.bias = true;
-  return g;
-}
-
 void require(bool ok, const std::string& why) {
   if (!ok) throw UsageError(why);
 }
 
 // Raw command-line values; `make_config` layers them over the preset (explicit options win).
 struct Args {
-  bool demo = false, csv = false, json = false, bias = false, hot = false, progress = false;
-  std::string preset = "qwen3-30b-a3b", activation, gate_up, scale_dtype, output_dtype;
+  bool demo = false, csv = false, json = false, bias = false, hot = false, progress = false, probe = false;
+  std::string preset = "qwen3-30b-a3b", activation, gate_up, scale_dtype, output_dtype, read_variant = "best";
   std::string dedup = "on", routing = "uniform", peer = "none", plot, profile;
-  int32_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, group_size = 0, warmup = 3;
+  int32_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, group_size = 0, warmup = 3, probe_passes = 5;
+  int64_t l3_bytes = 0;
   float swiglu_alpha = 0, swiglu_limit = 0;
   std::vector<std::string> formats, isas;
   std::vector<int32_t> tokens, threads;
@@ -107,6 +101,20 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--miss-rate", a.miss_rate,
                  "with --profile: share of routed experts not resident on the GPU");
   app.add_flag("--progress", a.progress, "progress lines on stderr even when it is not a terminal");
+  app.add_option("--l3-bytes", a.l3_bytes,
+                 "size the cold expert pools (>= " + std::to_string(kPoolL3Multiple) +
+                     "x L3) and the read probe's buffer from this L3 instead of the detected one (K, M, G "
+                     "suffixes are binary: 300M)")
+      ->transform(CLI::AsSizeValue(false));
+  app.add_flag("--probe", a.probe,
+               "print the read bandwidth of every read variant for each thread count (--threads, default 1 "
+               "to all CPUs), with --json as JSON, and exit");
+  app.add_option("--probe-passes", a.probe_passes, "passes per variant of --probe (median)")
+      ->capture_default_str();
+  app.add_option("--read-variant", a.read_variant,
+                 "the read probe's variant: best (the fastest of the start-up set, per thread count) or a "
+                 "name that --probe lists, e.g. 'avx2 x1' (the probe before variants)")
+      ->capture_default_str();
   app.footer(preset_help());
 }
 
@@ -193,6 +201,31 @@ void apply_outputs(const CLI::App& app, const Args& a, Config* c) {
   c->progress = a.progress;
 }
 
+void apply_probe(const CLI::App& app, const Args& a, Config* c) {
+  c->l3_given = app.count("--l3-bytes") > 0;
+  require(!c->l3_given || a.l3_bytes > 0, "--l3-bytes must be > 0");
+  c->l3_bytes = c->l3_given ? a.l3_bytes : l3_cache_bytes();
+  if (c->l3_bytes <= 0) {
+    c->l3_bytes = int64_t(32) << 20;
+    std::fprintf(stderr,
+                 "moejit-bench: warning: the L3 size is unknown, pools are sized from 32 MiB (--l3-bytes)\n");
+  }
+  c->probe = a.probe;
+  require(a.probe_passes >= 1, "--probe-passes must be >= 1");
+  c->probe_passes = a.probe_passes;
+  c->read_forced = a.read_variant != "best";
+  if (c->read_forced) {
+    std::string names;
+    for (const ReadVariant& v : all_read_variants()) names += (names.empty() ? "" : ", ") + v.name();
+    require(parse_read_variant(a.read_variant, &c->read_variant),
+            "--read-variant: '" + a.read_variant + "' is not best or one of: " + names);
+  }
+  if (c->probe && !app.count("--threads")) {
+    c->threads.clear();
+    for (int32_t t = 1; t <= int32_t(affinity_cpus().size()); ++t) c->threads.push_back(t);
+  }
+}
+
 Config make_config(const CLI::App& app, Args a) {
   if (a.demo) {  // explicit options still win over the demo's choices
     if (!app.count("--preset")) a.preset = "qwen3-30b-a3b";
@@ -227,29 +260,13 @@ Config make_config(const CLI::App& app, Args a) {
   c.timing.warmup = a.warmup;
   c.seed = a.seed;
   apply_outputs(app, a, &c);
+  apply_probe(app, a, &c);
   return c;
 }
 
 std::string number(double v) { return strf("%g", v); }
 
 }  // namespace
-
-const std::vector<Preset>& presets() {
-  static const std::vector<Preset> kPresets = {
-      {"qwen3-30b-a3b", make_geometry(2048, 768, 128, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16, ""},
-      {"qwen3-235b-a22b", make_geometry(4096, 1536, 128, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16, ""},
-      {"qwen3.5-35b-a3b", make_geometry(2048, 512, 256, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16,
-       "assumed geometry, not checked against a released config"},
-      {"glm-4.5-air", make_geometry(4096, 1408, 128, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16, ""},
-      {"minimax-m2", make_geometry(3072, 1536, 256, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_FP8_BLOCK, ""},
-      {"gpt-oss-20b", make_geometry(2880, 2880, 32, 4, MOEJIT_ACT_SWIGLU_OAI, true), MOEJIT_FORMAT_MXFP4,
-       "swiglu alpha 1.702 limit 7, interleaved gate_up, biases"},
-      {"gpt-oss-120b", make_geometry(2880, 2880, 128, 4, MOEJIT_ACT_SWIGLU_OAI, true), MOEJIT_FORMAT_MXFP4,
-       "swiglu alpha 1.702 limit 7, interleaved gate_up, biases"},
-      {"deepseek-v3", make_geometry(7168, 2048, 256, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_FP8_BLOCK, ""},
-  };
-  return kPresets;
-}
 
 int parse_command_line(int argc, char** argv, Config* out) {
   CLI::App app{
@@ -296,6 +313,8 @@ std::string repro(const Config& c, moejit_format f, int32_t tokens, int32_t thre
   if (c.routing == RoutingKind::skewed && c.zipf_s != 1.0) s += " --zipf " + number(c.zipf_s);
   if (c.peer == PeerKind::onednn) s += " --peer onednn";
   if (c.seed != 1) s += " --seed " + std::to_string(c.seed);
+  if (c.l3_given) s += " --l3-bytes " + std::to_string(c.l3_bytes);
+  if (c.read_forced) s += " --read-variant '" + c.read_variant.name() + "'";
   return s;
 }
 

@@ -1,4 +1,5 @@
-// moejit-bench: the command line (options, presets, validation) and the repro line of a case.
+// moejit-bench: the command line (options, presets from bench_layer.h, validation) and the repro line of a
+// case.
 #pragma once
 
 #include <cstdint>
@@ -9,16 +10,9 @@
 #include "bench_layer.h"
 #include "bench_report.h"
 #include "bench_run.h"
+#include "bench_util.h"
 
 namespace moejit_bench {
-
-struct Preset {
-  const char* name;
-  Geometry geometry;
-  moejit_format format;  // the format the checkpoint ships in (the default --format)
-  const char* note;      // where the geometry comes from, shown by --help
-};
-const std::vector<Preset>& presets();
 
 // Everything the command line decides.
 struct Config {
@@ -40,6 +34,12 @@ struct Config {
   double pcie_gbs = 0;    // 0 = not given
   double miss_rate = -1;  // < 0 = not given
   bool progress = false;  // progress lines on stderr even when it is not a terminal
+  int64_t l3_bytes = 0;   // the L3 the cold pools and the probe buffer are sized from
+  bool l3_given = false;  // --l3-bytes (else detected)
+  bool probe = false;     // --probe: every read variant per thread count, then exit
+  int32_t probe_passes = 5;
+  bool read_forced = false;  // --read-variant NAME (else the fastest of the start-up set)
+  ReadVariant read_variant;
 };
 
 struct UsageError : std::runtime_error {

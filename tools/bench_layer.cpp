@@ -1,6 +1,7 @@
 #include "bench_layer.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -79,7 +80,31 @@ void patch_gguf_scales(uint8_t* data, int64_t bytes, int64_t block_bytes, uint64
   });
 }
 
+Geometry make_geometry(int32_t h, int32_t i, int32_t e, int32_t k, moejit_activation act, bool oai) {
+  Geometry g;
+  g.hidden = h, g.intermediate = i, g.experts = e, g.top_k = k, g.activation = act;
+  if (oai) g.swiglu_alpha = 1.702f, g.swiglu_limit = 7.0f, g.interleaved = true, g.bias = true;
+  return g;
+}
+
 }  // namespace
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> kPresets = {
+      {"qwen3-30b-a3b", make_geometry(2048, 768, 128, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16, ""},
+      {"qwen3-235b-a22b", make_geometry(4096, 1536, 128, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16, ""},
+      {"qwen3.5-35b-a3b", make_geometry(2048, 512, 256, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16,
+       "assumed geometry, not checked against a released config"},
+      {"glm-4.5-air", make_geometry(4096, 1408, 128, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_BF16, ""},
+      {"minimax-m2", make_geometry(3072, 1536, 256, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_FP8_BLOCK, ""},
+      {"gpt-oss-20b", make_geometry(2880, 2880, 32, 4, MOEJIT_ACT_SWIGLU_OAI, true), MOEJIT_FORMAT_MXFP4,
+       "swiglu alpha 1.702 limit 7, interleaved gate_up, biases"},
+      {"gpt-oss-120b", make_geometry(2880, 2880, 128, 4, MOEJIT_ACT_SWIGLU_OAI, true), MOEJIT_FORMAT_MXFP4,
+       "swiglu alpha 1.702 limit 7, interleaved gate_up, biases"},
+      {"deepseek-v3", make_geometry(7168, 2048, 256, 8, MOEJIT_ACT_SILU, false), MOEJIT_FORMAT_FP8_BLOCK, ""},
+  };
+  return kPresets;
+}
 
 const std::vector<moejit_format>& all_formats() {
   static const std::vector<moejit_format> kAll = {
@@ -156,11 +181,56 @@ MatrixBank::MatrixBank(moejit_format f, const Geometry& g, int64_t rows, int64_t
   }
 }
 
-Layer::Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing)
-    : format_(f), geometry_(g), backing_(backing > 0 ? std::min(backing, g.experts) : g.experts) {
+int64_t MatrixBank::huge_page_bytes() const {
+  const int64_t d = data_.huge_page_bytes(), s = scales_.huge_page_bytes();
+  return d < 0 || s < 0 ? -1 : d + s;
+}
+
+int64_t Layer::huge_page_bytes() const {
+  const int64_t g = gate_up_.huge_page_bytes(), d = down_.huge_page_bytes();
+  return g < 0 || d < 0 ? -1 : g + d;
+}
+
+int32_t cold_pool_slots(moejit_format f, const Geometry& g, int64_t l3_bytes) {
+  const int64_t per_slot = std::max<int64_t>(1, expert_bytes(f, g));
+  const int64_t want = int64_t(kPoolL3Multiple) * std::max<int64_t>(0, l3_bytes);
+  const int64_t slots = std::max<int64_t>(g.experts, (want + per_slot - 1) / per_slot);
+  return int32_t(std::min<int64_t>(slots, INT32_MAX));
+}
+
+Layer::Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing, int32_t slots)
+    : format_(f),
+      geometry_(g),
+      slots_(std::max(slots, g.experts)),
+      backing_(backing > 0 ? std::min(backing, slots_) : slots_),
+      ring_(size_t(slots_)),
+      slot_of_(size_t(g.experts), -1) {
   const int64_t two_i = 2 * int64_t(g.intermediate);
-  gate_up_ = MatrixBank(f, g, two_i, g.hidden, g.experts, backing_, seed * 4 + 1);
-  down_ = MatrixBank(f, g, g.hidden, g.intermediate, g.experts, backing_, seed * 4 + 2);
+  gate_up_ = MatrixBank(f, g, two_i, g.hidden, slots_, backing_, seed * 4 + 1);
+  down_ = MatrixBank(f, g, g.hidden, g.intermediate, slots_, backing_, seed * 4 + 2);
+  std::iota(ring_.begin(), ring_.end(), 0);
+  Rng rng(seed * 4 + 3);
+  for (int32_t i = slots_ - 1; i > 0; --i) std::swap(ring_[size_t(i)], ring_[rng.below(uint32_t(i + 1))]);
+  placed_.reserve(size_t(g.experts));
+}
+
+void Layer::place(const int32_t* ids, int64_t routes, int32_t* out) const {
+  for (int64_t r = 0; r < routes; ++r) {
+    const int32_t e = ids[r];
+    if (e < 0 || e >= geometry_.experts) {
+      out[r] = e;
+      continue;
+    }
+    int32_t& slot = slot_of_[size_t(e)];
+    if (slot < 0) {
+      slot = ring_[cursor_];
+      cursor_ = cursor_ + 1 == ring_.size() ? 0 : cursor_ + 1;
+      placed_.push_back(e);
+    }
+    out[r] = slot;
+  }
+  for (int32_t e : placed_) slot_of_[size_t(e)] = -1;
+  placed_.clear();
 }
 
 moejit_moe_desc Layer::desc(int32_t max_tokens) const {
@@ -172,7 +242,7 @@ moejit_moe_desc Layer::desc(int32_t max_tokens) const {
   d.group_size = mx8 ? geometry_.group_size : 0;
   d.hidden = geometry_.hidden;
   d.intermediate = geometry_.intermediate;
-  d.num_experts = geometry_.experts;
+  d.num_experts = slots_;
   d.top_k = geometry_.top_k;
   d.max_tokens = max_tokens;
   d.activation = geometry_.activation;

@@ -31,6 +31,15 @@ struct Geometry {
   moejit_dtype output_dtype = MOEJIT_DTYPE_BF16;
 };
 
+// A model's MoE layer geometry (routed experts only), from one table.
+struct Preset {
+  const char* name;
+  Geometry geometry;
+  moejit_format format;  // the format the checkpoint ships in (the default --format)
+  const char* note;      // where the geometry comes from, shown by --help
+};
+const std::vector<Preset>& presets();
+
 // Bytes of one [rows, K] matrix: encoded weights, block scales (dense), nvfp4 row scales.
 struct MatrixBytes {
   int64_t data = 0;
@@ -47,6 +56,12 @@ double bytes_per_weight(moejit_format f, const Geometry& g);
 // Empty when the format can hold this geometry (K rules of formats.md), else the reason.
 std::string check_geometry(moejit_format f, const Geometry& g);
 
+// Cold experts: moejit-bench cycles its calls through a pool of expert slots (Layer::place) of at
+// least kPoolL3Multiple x the L3 and at least the model's experts. The fewest slots that hold that
+// many bytes (weights + scales, as expert_bytes counts them), and never fewer than g.experts.
+inline constexpr int kPoolL3Multiple = 4;
+int32_t cold_pool_slots(moejit_format f, const Geometry& g, int64_t l3_bytes);
+
 // `count` matrices [rows, K] of one format, generated randomly but validly for it, laid out like a
 // checkpoint tensor: one [stored, rows, ...] block each for data, block scales, row scales and
 // bf16 biases (when g.bias). Matrix i reads copy i % stored, so `stored` < `count` gives the
@@ -60,6 +75,7 @@ class MatrixBank {
   const moejit_matrix* data() const { return matrices_.data(); }
   int32_t size() const { return int32_t(matrices_.size()); }
   int64_t matrix_bytes() const { return bytes_.total(); }  // weights + scales, no bias
+  int64_t huge_page_bytes() const;                         // of data and scales, -1 unknown
 
  private:
   MatrixBytes bytes_;
@@ -69,25 +85,43 @@ class MatrixBank {
   std::vector<moejit_matrix> matrices_;
 };
 
-// A layer's weights: gate_up [E][2I, H] and down [E][H, I] banks. `backing` > 0 stores only that
-// many experts and points expert e at copy e % backing: the same routing and plan as the full
-// layer over a working set small enough to stay cached (--hot).
+// A layer's weights: gate_up [S][2I, H] and down [S][H, I] banks over S = `slots` expert slots
+// (0: the model's experts, S >= g.experts). `backing` > 0 stores only that many experts and
+// points slot s at copy s % backing: the same routing and plan as the full layer over a working
+// set small enough to stay cached (--hot). The moejit layer it describes has S experts; place()
+// maps a call's routes over the model's experts onto them.
 class Layer {
  public:
-  Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing = 0);
-  moejit_moe_desc desc(int32_t max_tokens) const;
-  // Bytes of distinct memory behind the layer's experts.
+  Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing = 0, int32_t slots = 0);
+  moejit_moe_desc desc(int32_t max_tokens) const;  // num_experts = slots()
+  // Bytes of distinct memory behind the layer's slots.
   int64_t total_bytes() const { return int64_t(backing_) * expert_bytes(format_, geometry_); }
+  int32_t slots() const { return slots_; }
+  // Bytes of the layer's weights and scales on transparent huge pages, -1 unknown.
+  int64_t huge_page_bytes() const;
   moejit_format format() const { return format_; }
   const Geometry& geometry() const { return geometry_; }
   const moejit_matrix& gate_up(int32_t e) const { return gate_up_[e]; }
   const moejit_matrix& down(int32_t e) const { return down_[e]; }
 
+  // The cold cycle: writes to out[r] the slot of route r (ids in [0, g.experts); < 0 passes
+  // through). The call's distinct experts, in order of first route, take the next slots of a ring
+  // over all slots (a fixed random order of them), so routes that share an expert share its slot
+  // (dedup sees the same reuse), and a slot is read again only after every other slot was: no
+  // call finds its experts in a cache smaller than the pool. The cursor is the layer's, shared by
+  // every arm timed on it, so arms interleaved in time stay cold against each other.
+  void place(const int32_t* ids, int64_t routes, int32_t* out) const;
+
  private:
   moejit_format format_;
   Geometry geometry_;
+  int32_t slots_;
   int32_t backing_;
   MatrixBank gate_up_, down_;
+  std::vector<int32_t> ring_;             // every slot once, in a fixed random order
+  mutable size_t cursor_ = 0;             // next position in ring_
+  mutable std::vector<int32_t> slot_of_;  // per model expert: its slot in the current call, -1
+  mutable std::vector<int32_t> placed_;   // model experts given a slot in the current call
 };
 
 // How a call's tokens pick their experts. uniform: top_k distinct experts each, uniformly;

@@ -77,8 +77,8 @@ class OnednnMoe {
     xq_.resize(t * h);
     x_scale_.resize(t);
     g_scale_.resize(t);
-    count_.resize(size_t(g_.experts) + 1);
-    next_.resize(size_t(g_.experts));
+    count_.resize(size_t(layer.slots()) + 1);
+    next_.resize(size_t(layer.slots()));
     rowf_.resize(std::max(h, i));
     order_.resize(t * size_t(g_.top_k));
     // Per-output-channel scales of the int8 path (weights' row scales; fp8_block's 128x128 blocks
@@ -104,7 +104,7 @@ class OnednnMoe {
     for (int64_t r = 0; r < tokens * K; ++r)
       if (ids[r] >= 0) order_[size_t(next_[size_t(ids[r])]++)] = int32_t(r);
 
-    for (int32_t e = 0; e < g_.experts; ++e) {
+    for (int32_t e = 0; e < layer_.slots(); ++e) {
       const int32_t begin = count_[size_t(e)], m = count_[size_t(e) + 1] - begin;
       if (m == 0) continue;
       Prims& p = prims_.at(m);
@@ -292,11 +292,13 @@ CaseResult run_peer(PeerKind kind, const Layer& layer, const Routing& routing, c
     const Geometry& g = layer.geometry();
     const std::vector<uint16_t> x = random_activations(int64_t(spec.tokens) * g.hidden, 0x5EED + spec.tokens);
     std::vector<uint16_t> y(size_t(spec.tokens) * size_t(g.hidden));
+    std::vector<int32_t> ids(size_t(spec.tokens) * size_t(g.top_k));  // on the layer's slots, as moejit's
+    auto place = [&](int64_t call) { layer.place(routing.ids_of(call), int64_t(ids.size()), ids.data()); };
     auto forward = [&](int64_t call) {
-      moe.forward(spec.tokens, x.data(), routing.ids_of(call), routing.weights_of(call), y.data());
+      moe.forward(spec.tokens, x.data(), ids.data(), routing.weights_of(call), y.data());
       return true;
     };
-    time_loop(forward, routing, double(expert_bytes(layer.format(), g)), spec, &r);
+    time_loop(forward, routing, double(expert_bytes(layer.format(), g)), spec, &r, place);
     for (uint16_t v : y) r.nonfinite_outputs += (v & 0x7F80) == 0x7F80;
   } catch (const std::exception& e) {  // dnnl::error, or a routing group size not prepared
     r.status = CaseStatus::error;

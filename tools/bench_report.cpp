@@ -35,7 +35,8 @@ class CsvReporter : public Reporter {
         "dedup,status,calls,median_us,min_us,mean_us,distinct_experts,routes,reuse,bytes_per_call,"
         "lib_bytes_per_call,weight_gbps,dram_gbps,dram_ratio,off_median_us,off_min_us,off_gbps,"
         "off_lib_bytes_per_call,speedup_measured,speedup_model,stream_us,hot_us,bound_us,bound_ratio,peer,"
-        "peer_status,peer_median_us,peer_gbps,peer_speedup,foreign_cpus,message,repro\n");
+        "peer_status,peer_median_us,peer_gbps,peer_speedup,foreign_cpus,message,repro,dram_variant,"
+        "pool_slots,pool_bytes,pool_l3_multiple\n");
   }
   void layer(const LayerInfo&) override {}
   void row(const CaseRow& r) override {
@@ -51,6 +52,7 @@ class CsvReporter : public Reporter {
     };
     std::string message = p.message;
     for (const std::string& w : row_warnings(r, l3_)) message += (message.empty() ? "" : "; ") + w;
+    const std::string pool_l3 = l3_ > 0 ? strf("%.2f", double(r.layer.pool_bytes) / double(l3_)) : "";
     const std::vector<std::string> fields = {format_label(r.spec.format),
                                              std::to_string(int(r.spec.format)),
                                              strf("%.6f", r.layer.bytes_per_weight),
@@ -94,7 +96,11 @@ class CsvReporter : public Reporter {
                                              csv_num(d.peer_speedup, "%.4f"),
                                              csv_num(r.foreign_cpus, "%.2f"),
                                              csv_quote(message),
-                                             csv_quote(r.repro)};
+                                             csv_quote(r.repro),
+                                             csv_quote(r.dram_variant),
+                                             std::to_string(r.layer.pool_slots),
+                                             std::to_string(r.layer.pool_bytes),
+                                             pool_l3};
     std::string line;
     for (const std::string& f : fields) line += (line.empty() && &f == &fields.front() ? "" : ",") + f;
     std::printf("%s\n", line.c_str());
@@ -138,15 +144,26 @@ class JsonReporter : public Reporter {
   void begin(const MachineInfo& m, const RunInfo& run) override {
     l3_ = m.l3_bytes;
     Json dram = Json::array();
-    for (const auto& [threads, gbps] : m.dram_gbps) dram.push_back({{"threads", threads}, {"gbps", gbps}});
-    doc_["machine"] = {
-        {"library_version", m.version},
-        {"cpu_model", m.cpu_model},
-        {"host_isa", moejit_isa_name(m.host_isa)},
-        {"cpus", m.cpus},
-        {"l3_bytes", m.l3_bytes},
-        {"dram_read",
-         {{"buffer_bytes", m.dram_buffer_bytes}, {"passes", m.dram_passes}, {"bandwidth", dram}}}};
+    for (const ProbeChoice& c : m.dram_choice)
+      dram.push_back({{"threads", c.threads},
+                      {"gbps", c.gbps},
+                      {"variant", c.variant.name()},
+                      {"plain_gbps", c.plain_gbps}});
+    doc_["machine"] = {{"library_version", m.version},
+                       {"cpu_model", m.cpu_model},
+                       {"host_isa", moejit_isa_name(m.host_isa)},
+                       {"cpus", m.cpus},
+                       {"l3_bytes", m.l3_bytes},
+                       {"l3_detected_bytes", m.l3_detected_bytes},
+                       {"l3_given", m.l3_given},
+                       {"dram_read",
+                        {{"buffer_bytes", m.dram_buffer_bytes},
+                         {"huge_page_bytes", m.dram_huge_page_bytes},
+                         {"passes", m.dram_passes},
+                         {"forced", m.dram_forced},
+                         {"variants", m.dram_variants},
+                         {"plain_variant", kPlainRead.name()},
+                         {"bandwidth", dram}}}};
     const Geometry& g = run.geometry;
     doc_["layer"] = {{"preset", run.preset},
                      {"hidden", g.hidden},
@@ -175,6 +192,10 @@ class JsonReporter : public Reporter {
               {"bytes_per_weight", l.bytes_per_weight},
               {"expert_bytes", l.expert_bytes},
               {"layer_bytes", l.total_bytes},
+              {"pool_slots", l.pool_slots},
+              {"pool_bytes", l.pool_bytes},
+              {"pool_l3_multiple", l3_ > 0 ? Json(double(l.pool_bytes) / double(l3_)) : Json(nullptr)},
+              {"huge_page_bytes", l.huge_page_bytes},
               {"generate_seconds", l.generate_seconds}};
     if (l.hot_bytes) j["hot_bytes"] = l.hot_bytes;
     if (!l.peer_label.empty()) j["peer"] = {{"name", l.peer_label}, {"note", l.peer_note}};
@@ -198,6 +219,7 @@ class JsonReporter : public Reporter {
       c["peer"]["name"] = r.peer_label;
     }
     c["dram_gbps"] = r.dram_gbps;
+    c["dram_variant"] = r.dram_variant;
     c["foreign_cpus"] = r.foreign_cpus;
     c["derived"] = {{"reuse", num_or_null(d.reuse)},
                     {"dram_ratio", num_or_null(d.dram_ratio)},

@@ -11,21 +11,36 @@
 
 #include "bench_layer.h"
 #include "bench_run.h"
+#include "bench_util.h"
 
 namespace moejit_bench {
 
 enum class DedupMode { on, off, both };
 enum class PeerKind { none, onednn };
 
+// The read probe's pick for one thread count (moejit_bench.cpp's DramProbe).
+struct ProbeChoice {
+  int threads = 0;
+  ReadVariant variant;
+  double gbps = 0;        // the variant's median over the start-up passes: the best of the set
+  double plain_gbps = 0;  // kPlainRead's (the probe before variants), same passes, interleaved
+};
+
 struct MachineInfo {
   std::string version;
   std::string cpu_model;
   moejit_isa host_isa = MOEJIT_ISA_AUTO;
   int cpus = 0;
-  int64_t l3_bytes = 0;
+  int64_t l3_bytes = 0;           // what pools are sized from: detected, or --l3-bytes
+  int64_t l3_detected_bytes = 0;  // what sysfs says
+  bool l3_given = false;
   int64_t dram_buffer_bytes = 0;
-  int dram_passes = 0;
-  std::vector<std::pair<int, double>> dram_gbps;  // (threads, GB/s)
+  int64_t dram_huge_page_bytes = -1;              // of the probe buffer, -1 unknown
+  int dram_passes = 0;                            // per variant at start-up
+  bool dram_forced = false;                       // --read-variant: one variant, not the fastest of a set
+  std::vector<std::string> dram_variants;         // the start-up set
+  std::vector<ProbeChoice> dram_choice;           // per thread count
+  std::vector<std::pair<int, double>> dram_gbps;  // (threads, GB/s): dram_choice's gbps
   std::string dedup_env;                          // MOEJIT_DEDUP as set in the environment, "" if unset
   std::string omp_wait_policy;                    // OMP_WAIT_POLICY (the oneDNN peer's threads), "" if unset
 };
@@ -45,8 +60,11 @@ struct LayerInfo {
   moejit_format format = MOEJIT_FORMAT_BF16;
   double bytes_per_weight = 0;
   int64_t expert_bytes = 0;
-  int64_t total_bytes = 0;
-  int64_t hot_bytes = 0;  // working set of the --hot layer, 0 without --hot
+  int64_t total_bytes = 0;       // the model's experts: experts x expert_bytes
+  int32_t pool_slots = 0;        // expert slots the calls cycle through (Layer::place)
+  int64_t pool_bytes = 0;        // pool_slots x expert_bytes: the cold working set
+  int64_t huge_page_bytes = -1;  // of the pool's weights and scales on 2 MiB pages, -1 unknown
+  int64_t hot_bytes = 0;         // working set of the --hot layer, 0 without --hot
   double generate_seconds = 0;
   std::string peer_label, peer_note;  // --peer: how it runs this format (bench_peer.h)
 };
@@ -61,7 +79,8 @@ struct CaseRow {
   std::string peer_label;             // "onednn bf16", ...
   double dram_gbps = 0;               // median of the DRAM passes interleaved with the case (spec.threads)
   int dram_passes = 0;
-  double foreign_cpus = 0;  // CPUs other processes used while the case ran
+  std::string dram_variant;  // the read variant of those passes
+  double foreign_cpus = 0;   // CPUs other processes used while the case ran
   std::string repro;
 
   const CaseResult& primary() const { return on ? *on : *off; }  // dedup on if it ran

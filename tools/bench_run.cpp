@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 namespace moejit_bench {
@@ -58,13 +59,14 @@ bool read_stats(const moejit_moe* moe, moejit_moe_stats* s, CaseResult* r) {
 // Timed calls of one arm, accumulated over one or several slices.
 class CallTimer {
  public:
-  CallTimer(const Routing& routing, double expert_bytes, int64_t first_call)
-      : routing_(routing), expert_(expert_bytes), call_(first_call) {}
+  CallTimer(const Routing& routing, double expert_bytes, int64_t first_call, PrepareFn prepare)
+      : routing_(routing), expert_(expert_bytes), call_(first_call), prepare_(std::move(prepare)) {}
 
   // Untimed calls: spec.warmup of them, cut short after spec.min_time / 4.
   bool warmup(const CallFn& fn, const CaseSpec& spec) {
     const auto start = Clock::now();
     for (int32_t i = 0; i < spec.warmup; ++i) {
+      if (prepare_) prepare_(call_);
       if (!fn(call_++)) return false;  // every call, timed or not, gets the next routing: experts stay cold
       if (std::chrono::duration<double>(Clock::now() - start).count() > spec.min_time / 4) break;
     }
@@ -75,6 +77,7 @@ class CallTimer {
   bool run(const CallFn& fn, double slice, const CaseSpec& spec) {
     const auto start = Clock::now();
     do {
+      if (prepare_) prepare_(call_);
       const auto t0 = Clock::now();
       if (!fn(call_)) return false;
       const double s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -108,6 +111,7 @@ class CallTimer {
   const Routing& routing_;
   double expert_;
   int64_t call_;
+  PrepareFn prepare_;
   std::vector<double> seconds_, gbps_;
   double bytes_ = 0, distinct_ = 0, timed_ = 0;
 };
@@ -119,7 +123,9 @@ class MoeArm {
       : layer_(layer),
         routing_(routing),
         spec_(spec),
-        timer_(routing, double(expert_bytes(spec.format, layer.geometry())), first_call) {
+        timer_(routing, double(expert_bytes(spec.format, layer.geometry())), first_call,
+               [this](int64_t c) { layer_.place(routing_.ids_of(c), int64_t(ids_.size()), ids_.data()); }),
+        ids_(size_t(spec.tokens) * size_t(layer.geometry().top_k)) {
     const Geometry& g = layer.geometry();
     moejit_context_desc cd{};
     cd.struct_size = sizeof(cd);
@@ -146,7 +152,7 @@ class MoeArm {
     x_ = random_activations(int64_t(spec.tokens) * g.hidden, 0x5EED + spec.tokens);
     y_.resize(size_t(spec.tokens) * size_t(g.hidden) * (g.output_dtype == MOEJIT_DTYPE_F32 ? 4 : 2));
     fn_ = [this](int64_t c) {
-      const moejit_status s = moejit_moe_forward(moe_.get(), spec_.tokens, x_.data(), routing_.ids_of(c),
+      const moejit_status s = moejit_moe_forward(moe_.get(), spec_.tokens, x_.data(), ids_.data(),
                                                  routing_.weights_of(c), y_.data());
       return s == MOEJIT_OK || fail(&result_, s);
     };
@@ -177,6 +183,7 @@ class MoeArm {
   const Routing& routing_;
   CaseSpec spec_;
   CallTimer timer_;
+  std::vector<int32_t> ids_;  // the call's routes placed on the layer's slots
   CaseResult result_;
   ContextPtr ctx_;
   MoePtr moe_;
@@ -190,8 +197,8 @@ class MoeArm {
 }  // namespace
 
 bool time_loop(const CallFn& fn, const Routing& routing, double expert_bytes, const CaseSpec& spec,
-               CaseResult* r) {
-  CallTimer timer(routing, expert_bytes, 0);
+               CaseResult* r, const PrepareFn& prepare) {
+  CallTimer timer(routing, expert_bytes, 0, prepare);
   if (!timer.warmup(fn, spec) || !timer.run(fn, -1, spec)) return false;
   timer.finish(r);
   return true;

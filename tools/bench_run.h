@@ -43,16 +43,19 @@ struct CaseResult {
 };
 
 using CallFn = std::function<bool(int64_t call)>;
+using PrepareFn = std::function<void(int64_t call)>;
 
 // Calls fn(call) for `warmup` untimed calls, then times calls until both spec.min_calls and
 // spec.min_time are reached. Call c uses routing c % pool (every call, timed or not, gets the next
-// routing, so experts stay cold). Fills the timing and byte fields of r; false when fn failed
-// (fn records why in r).
+// routing, so experts stay cold). `prepare(call)`, when given, runs before each call, untimed
+// (Layer::place of the call's routes). Fills the timing and byte fields of r; false when fn
+// failed (fn records why in r).
 bool time_loop(const CallFn& fn, const Routing& routing, double expert_bytes, const CaseSpec& spec,
-               CaseResult* r);
+               CaseResult* r, const PrepareFn& prepare = {});
 
 // Times the arms of one case interleaved in time: arm i is `layer` with dedup = dedups[i] in its
-// own context (spec.threads, spec.max_isa). After every arm's warm-up, each round gives every arm
+// own context (spec.threads, spec.max_isa); every call's routes go through layer.place (untimed),
+// the cold cycle over the layer's slots. After every arm's warm-up, each round gives every arm
 // a slice of timed calls (spec.min_time / 8, clamped to [20 ms, 250 ms], at least one call) and
 // then calls `round` (the DRAM probe), until every arm has spec.min_calls calls and spec.min_time
 // seconds of them. A drift of the machine's bandwidth (a VM's host load) then hits every arm and

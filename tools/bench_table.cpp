@@ -1,5 +1,6 @@
 // moejit-bench: the aligned table on stdout. Columns depend on what the run measures (dedup arms,
 // --hot, --peer); rows stream as cases finish; layers, notes and repro lines follow the table.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -40,15 +41,30 @@ class TableReporter : public Reporter {
   void begin(const MachineInfo& m, const RunInfo& run) override {
     run_ = run;
     l3_ = m.l3_bytes;
-    std::printf("moejit-bench: libmoejit %s, %s, host isa %s, %d CPUs, L3 %.0f MiB\n", m.version.c_str(),
+    std::printf("moejit-bench: libmoejit %s, %s, host isa %s, %d CPUs, L3 %.0f MiB", m.version.c_str(),
                 m.cpu_model.c_str(), moejit_isa_name(m.host_isa), m.cpus, double(m.l3_bytes) / kMiB);
+    if (m.l3_given) std::printf(" (--l3-bytes; detected %.0f MiB)", double(m.l3_detected_bytes) / kMiB);
     std::printf(
-        "DRAM read bandwidth (%.0f MiB streaming read, median of %d passes; each case has its own, one pass "
-        "between its rounds):",
-        double(m.dram_buffer_bytes) / kMiB, m.dram_passes);
-    for (size_t i = 0; i < m.dram_gbps.size(); ++i)
-      std::printf("%s %d thread%s %.1f GB/s", i ? "," : "", m.dram_gbps[i].first,
-                  m.dram_gbps[i].first == 1 ? "" : "s", m.dram_gbps[i].second);
+        "\nDRAM read bandwidth (%.0f MiB buffer, %s on 2 MiB pages; ", double(m.dram_buffer_bytes) / kMiB,
+        m.dram_huge_page_bytes < 0
+            ? "unknown share"
+            : strf("%.0f%%", 100.0 * double(m.dram_huge_page_bytes) / double(m.dram_buffer_bytes)).c_str());
+    if (m.dram_forced)
+      std::printf("read variant %s (--read-variant)",
+                  m.dram_variants.empty() ? "?" : m.dram_variants[0].c_str());
+    else
+      std::printf("per thread count the fastest of %zu read variants", m.dram_variants.size());
+    std::printf(
+        ", median of %d passes each, interleaved; each case has its own: one pass of that variant between "
+        "its "
+        "rounds):",
+        m.dram_passes);
+    for (size_t i = 0; i < m.dram_choice.size(); ++i) {
+      const ProbeChoice& c = m.dram_choice[i];
+      std::printf("%s %d thread%s %.1f GB/s (%s; %s %.1f)", i ? "," : "", c.threads,
+                  c.threads == 1 ? "" : "s", c.gbps, c.variant.name().c_str(), kPlainRead.name().c_str(),
+                  c.plain_gbps);
+    }
     std::printf("\nlayer: %s%s\n", run.preset.empty() ? "" : (run.preset + ": ").c_str(),
                 describe(run.geometry).c_str());
     std::printf("routing: %s", routing_label(run.routing));
@@ -92,11 +108,18 @@ class TableReporter : public Reporter {
   void end() override {
     std::printf("\n%s", legend().c_str());
     for (const LayerInfo& l : layers_) {
-      const double l3x = l3_ > 0 ? double(l.total_bytes) / double(l3_) : 0.0;
+      const double l3x = l3_ > 0 ? double(l.pool_bytes) / double(l3_) : 0.0;
       std::printf(
-          "layer %-11s %.4f B/weight, %.2f MiB/expert, %.2f GB total (%.1fx L3%s), generated in %.1f s\n",
+          "layer %-11s %.4f B/weight, %.2f MiB/expert, %.2f GB for its %d experts; cold pool %d slots, %.2f "
+          "GB "
+          "(%.1fx L3%s), %s on 2 MiB pages; generated in %.1f s\n",
           format_label(l.format), l.bytes_per_weight, double(l.expert_bytes) / kMiB,
-          double(l.total_bytes) / 1e9, l3x, l3x > 0 && l3x < 4 ? ": experts may stay cached" : "",
+          double(l.total_bytes) / 1e9, run_.geometry.experts, l.pool_slots, double(l.pool_bytes) / 1e9, l3x,
+          l3x > 0 && l3x < kPoolL3Multiple ? ": experts may stay cached" : "",
+          l.huge_page_bytes < 0 || l.pool_bytes <= 0
+              ? "unknown share"
+              : strf("%.0f%%", std::min(100.0, 100.0 * double(l.huge_page_bytes) / double(l.pool_bytes)))
+                    .c_str(),
           l.generate_seconds);
       if (!l.peer_note.empty()) std::printf("      %s: %s\n", l.peer_label.c_str(), l.peer_note.c_str());
     }
@@ -173,7 +196,10 @@ class TableReporter : public Reporter {
     const char* arm = run_.dedup == DedupMode::off ? "dedup off" : "dedup on";
     std::string s =
         "experts = distinct experts per call (mean); GB/s = their weight+scale bytes / time per call (median "
-        "over calls; the same bytes for every arm, so GB/s ratios are speedups)\n";
+        "over calls; the same bytes for every arm, so GB/s ratios are speedups)\n"
+        "cold pool = the expert slots the calls cycle through: each call's distinct experts take the next "
+        "slots of a ring over them, so every expert a call reads was last read a whole pool (>= " +
+        std::to_string(kPoolL3Multiple) + "x L3) ago\n";
     if (run_.dedup == DedupMode::both || run_.routing != RoutingKind::uniform)
       s += "reuse = routes / distinct experts per call\n";
     if (run_.dedup == DedupMode::both)

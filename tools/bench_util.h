@@ -10,11 +10,12 @@
 namespace moejit_bench {
 
 // A large anonymous mapping, 2 MiB aligned, transparent huge pages requested (like the pinned
-// host banks an engine holds). Move-only; throws std::runtime_error when the mapping fails.
+// host banks an engine holds; huge_pages = false asks for 4 KiB pages instead). Move-only; throws
+// std::runtime_error when the mapping fails.
 class Buffer {
  public:
   Buffer() = default;
-  explicit Buffer(size_t bytes);
+  explicit Buffer(size_t bytes, bool huge_pages = true);
   Buffer(Buffer&& other) noexcept { *this = static_cast<Buffer&&>(other); }
   Buffer& operator=(Buffer&& other) noexcept;
   Buffer(const Buffer&) = delete;
@@ -23,6 +24,9 @@ class Buffer {
 
   uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  // Bytes of the buffer on transparent huge pages now (AnonHugePages of /proc/self/smaps over the
+  // mappings it spans; MADV_HUGEPAGE is a request the kernel may not grant), -1 when unknown.
+  int64_t huge_page_bytes() const;
 
  private:
   uint8_t* base_ = nullptr;  // start of the mapping
@@ -46,7 +50,8 @@ struct Rng {
 
 // CPUs of this process's affinity mask (at least one entry).
 std::vector<int> affinity_cpus();
-// Size of the last-level (L3) cache of CPU 0 in bytes, 0 when unknown.
+// Bytes of L3 the affinity CPUs can fill: the sum over the distinct L3 caches they share (one on
+// most single-socket parts, one per CCD on AMD), 0 when unknown.
 int64_t l3_cache_bytes();
 // "model name" of /proc/cpuinfo, "unknown CPU" when absent.
 std::string cpu_model_name();
@@ -71,8 +76,43 @@ CpuSample sample_cpu();
 // Average number of CPUs that others (other processes, the hypervisor) used between a and b.
 double foreign_cpus(const CpuSample& a, const CpuSample& b);
 
-// Read bandwidth in GB/s (1e9 bytes/s) of `threads` threads each summing its own contiguous
-// slice of `buffer`, median of `passes` passes. Threads are pinned to the affinity CPUs in turn.
-double measure_read_bandwidth(const Buffer& buffer, int threads, int passes);
+// One way to stream-read a buffer. Each thread sums 128 bytes per step of each of its `streams`
+// cursors (interleaved), with `vector_bytes` loads, and prefetches each cursor's lines `distance`
+// bytes ahead with `prefetch`. static: thread t reads the t-th contiguous slice; dynamic: threads
+// take 2 MiB chunks from a shared counter until none is left (no thread idles while a slower one
+// finishes its slice).
+enum class Prefetch { none, t0, t1, nta };
+struct ReadVariant {
+  int vector_bytes = 32;  // 32: AVX2 loads, 64: AVX-512 loads
+  int streams = 1;        // 1, 2, 4 or 8
+  Prefetch prefetch = Prefetch::none;
+  int distance = 0;  // bytes ahead of each cursor (prefetch != none)
+  bool dynamic = false;
+  std::string name() const;  // "avx2 x1", "avx512 x4 t1+4K dyn", ...
+  bool available() const;    // this CPU has the loads
+  bool operator==(const ReadVariant&) const = default;
+};
+// The probe moejit-bench had before it tried variants: AVX2, one stream, no prefetch, static.
+inline constexpr ReadVariant kPlainRead{};
+// Variants moejit-bench tries at start-up (the plain one first), and the larger grid of --probe;
+// only those this CPU can run.
+std::vector<ReadVariant> startup_read_variants();
+std::vector<ReadVariant> all_read_variants();
+// The variant of all_read_variants() with this name, false if none.
+bool parse_read_variant(const std::string& name, ReadVariant* out);
+
+// Read bandwidth in GB/s (1e9 bytes/s) of `threads` threads reading `buffer` with each variant,
+// median of `passes` passes per variant; the variants take turns pass by pass, so a drift of the
+// machine's bandwidth hits them alike. Threads are pinned to the affinity CPUs in turn.
+std::vector<double> measure_read_variants(const Buffer& buffer, int threads, int passes,
+                                          const std::vector<ReadVariant>& variants);
+double measure_read_bandwidth(const Buffer& buffer, int threads, int passes,
+                              const ReadVariant& variant = kPlainRead);
+// One pass of `variant`: the bytes it counts and the sum of the 64-bit words it read (a test checks
+// that every variant reads exactly the bytes its GB/s counts).
+struct ReadCheck {
+  uint64_t bytes = 0, sum = 0;
+};
+ReadCheck check_read_variant(const Buffer& buffer, int threads, const ReadVariant& variant);
 
 }  // namespace moejit_bench
