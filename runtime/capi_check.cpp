@@ -20,9 +20,15 @@ bool stride_in_kernel(fmt::Format f) {
 }
 
 bool check_struct_size(const char* fn, const char* what, const void* desc, uint32_t size, size_t known,
-                       moejit_status* st) {
+                       moejit_status* st, size_t older) {
+  if (older != 0 && size == older) return true;
   if (size < known) {
-    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%s->struct_size = %u is smaller than %zu", what, size, known);
+    if (older != 0)
+      *st = fail(MOEJIT_INVALID_ARGUMENT, fn,
+                 "%s->struct_size = %u is smaller than %zu and not the size of an older version (%zu)", what,
+                 size, known, older);
+    else
+      *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%s->struct_size = %u is smaller than %zu", what, size, known);
     return false;
   }
   const auto* p = static_cast<const uint8_t*>(desc);
@@ -42,38 +48,43 @@ moejit_status internal_error(const char* fn) {
 }
 moejit_status out_of_memory(const char* fn) { return fail(MOEJIT_OUT_OF_MEMORY, fn, "out of memory"); }
 
-bool check_format_args(const char* fn, const FormatArgs& a, moejit_status* st) {
+bool check_format_args(const char* fn, const FormatArgs& a, moejit_status* st, const char* prefix) {
   if (a.format < 0 || a.format > fmt::kMaxFormatId) {
-    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->format = %d is not a known format (0..%d)", a.format,
+    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%sformat = %d is not a known format (0..%d)", prefix, a.format,
                fmt::kMaxFormatId);
     return false;
   }
   const auto f = static_cast<fmt::Format>(a.format);
   if (f == fmt::Format::fp8_block) {
     if (a.scale_dtype != MOEJIT_DTYPE_BF16 && a.scale_dtype != MOEJIT_DTYPE_F32) {
-      *st = fail(MOEJIT_INVALID_ARGUMENT, fn,
-                 "desc->scale_dtype = %d must be 0 (bf16) or 1 (f32) for fp8_block", a.scale_dtype);
+      *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%sscale_dtype = %d must be 0 (bf16) or 1 (f32) for fp8_block",
+                 prefix, a.scale_dtype);
       return false;
     }
   } else if (a.scale_dtype != 0) {
-    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->scale_dtype = %d must be 0 for format %s", a.scale_dtype,
-               fmt::format_name(f));
+    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%sscale_dtype = %d must be 0 for format %s", prefix,
+               a.scale_dtype, fmt::format_name(f));
     return false;
   }
   if ((f == fmt::Format::mxfp8_e4m3 || f == fmt::Format::mxfp8_e5m2) && a.group_size != 0 &&
       a.group_size != 32 && a.group_size != 64 && a.group_size != 128) {
-    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->group_size = %d must be 0, 32, 64 or 128 for %s",
+    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%sgroup_size = %d must be 0, 32, 64 or 128 for %s", prefix,
                a.group_size, fmt::format_name(f));
     return false;
   }
   return true;
 }
 
-bool check_k(const char* fn, const char* what, fmt::Format f, int32_t group, int64_t k, moejit_status* st) {
+bool check_k(const char* fn, const char* what, fmt::Format f, int32_t group, int64_t k, moejit_status* st,
+             const char* format_field) {
   const char* why = "";
   if (!fmt::k_is_valid(f, group, k, &why)) {
-    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%s = %lld %s (format %s)", what, (long long)k, why,
-               fmt::format_name(f));
+    if (format_field)
+      *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%s = %lld %s (format %s of %s)", what, (long long)k, why,
+                 fmt::format_name(f), format_field);
+    else
+      *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%s = %lld %s (format %s)", what, (long long)k, why,
+                 fmt::format_name(f));
     return false;
   }
   return true;
