@@ -74,6 +74,11 @@ struct Mat {
 Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64_t pad, Fill fill, bool bias,
              Rng& rng, int32_t group = 0);
 
+// make_mat for the formats of a layer: ds_fp4 weights are mxfp4 bytes, drawn as
+// mxfp4 and labelled ds_fp4.
+Mat make_weights(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64_t pad, Fill fill,
+                 bool bias, Rng& rng, int32_t group = 0);
+
 std::vector<uint16_t> make_x(int64_t n, Fill fill, Rng& rng);
 
 double round_bf16(double v);    // round to nearest even in bf16, from a double (no double rounding)
