@@ -30,8 +30,15 @@ moejit_moe_desc MoeData::desc() const {
   d.gate_up_interleaved = p.interleaved;
   d.router_weight_on_input = p.rwoi;
   d.output_dtype = p.out;
-  d.gate_up = gu_api.data();
+  if (p.separate) {
+    d.gate = gu_api.data();
+    d.up = up_api.data();
+  } else {
+    d.gate_up = gu_api.data();
+  }
   d.down = dn_api.data();
+  if (p.up_format.given) d.up_format = &up_fmt;
+  if (p.down_format.given) d.down_format = &dn_fmt;
   return d;
 }
 
@@ -39,14 +46,27 @@ MoeData make_moe(const MoeProblem& p) {
   MoeData d;
   d.p = p;
   Rng rng(p.seed);
+  const ProjSpec gate = proj(p.fmt, p.sdt, p.group);
+  const ProjSpec up = p.up_format.given ? p.up_format : gate;
+  const ProjSpec dn = p.down_format.given ? p.down_format : gate;
+  auto bank = [&](const ProjSpec& f, int64_t rows, int64_t k) {
+    return make_weights(f.fmt, f.sdt, rows, k, p.pad, p.fill, p.bias, rng, f.group);
+  };
   for (int e = 0; e < p.E; ++e) {
-    d.gu.push_back(make_weights(p.fmt, p.sdt, 2 * int64_t(p.I), p.H, p.pad, p.fill, p.bias, rng, p.group));
-    d.dn.push_back(make_weights(p.fmt, p.sdt, p.H, p.I, p.pad, p.fill, p.bias, rng, p.group));
+    d.gu.push_back(bank(gate, p.separate ? p.I : 2 * int64_t(p.I), p.H));
+    if (p.separate) d.up.push_back(bank(up, p.I, p.H));
+    d.dn.push_back(bank(dn, p.H, p.I));
   }
   for (int e = 0; e < p.E; ++e) {
     d.gu_api.push_back(d.gu[size_t(e)].api());
+    if (p.separate) d.up_api.push_back(d.up[size_t(e)].api());
     d.dn_api.push_back(d.dn[size_t(e)].api());
   }
+  const auto api_format = [](const ProjSpec& f) {
+    return moejit_proj_format{f.fmt, f.fmt == MOEJIT_FORMAT_FP8_BLOCK ? f.sdt : MOEJIT_DTYPE_BF16, f.group};
+  };
+  d.up_fmt = api_format(up);
+  d.dn_fmt = api_format(dn);
   d.x = make_x(int64_t(p.max_tokens) * p.H, p.fill, rng);
   const int K = p.top_k;
   d.ids.resize(size_t(p.max_tokens * K));
@@ -75,27 +95,61 @@ namespace {
 
 double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
+// One expert's gate and up rows, dequantized ([I][H] each), and their biases:
+// from the fused gate_up (rows concatenated or interleaved) or the separate banks.
+struct GateUpRows {
+  std::vector<double> gate, up;  // [I * H]
+  std::vector<double> bg, bu;    // [I]
+};
+GateUpRows gate_up_rows(const MoeData& d, int e) {
+  const MoeProblem& p = d.p;
+  const size_t H = size_t(p.H), I = size_t(p.I);
+  GateUpRows r;
+  r.bg.resize(I);
+  r.bu.resize(I);
+  const Mat& gu = d.gu[size_t(e)];
+  if (p.separate) {
+    const Mat& up = d.up[size_t(e)];
+    r.gate = gu.dequant();
+    r.up = up.dequant();
+    for (size_t i = 0; i < I; ++i) {
+      r.bg[i] = gu.bias_at(int64_t(i));
+      r.bu[i] = up.bias_at(int64_t(i));
+    }
+    return r;
+  }
+  const std::vector<double> W = gu.dequant();
+  r.gate.resize(I * H);
+  r.up.resize(I * H);
+  for (size_t i = 0; i < I; ++i) {
+    const size_t gr = p.interleaved ? 2 * i : i;
+    const size_t ur = p.interleaved ? 2 * i + 1 : I + i;
+    std::copy(&W[gr * H], &W[gr * H] + H, &r.gate[i * H]);
+    std::copy(&W[ur * H], &W[ur * H] + H, &r.up[i * H]);
+    r.bg[i] = gu.bias_at(int64_t(gr));
+    r.bu[i] = gu.bias_at(int64_t(ur));
+  }
+  return r;
+}
+
 // Pass 1 of intermediate i for one route, exact in double: gate and up (bias
 // and router weight on input included) and the sums of |products| their fp32
 // error bounds scale with.
 struct GateUp {
   double gate, up, sgate, sup;
 };
-GateUp gate_up(const MoeProblem& p, const Mat& gu, const std::vector<double>& Wg, const double* x, int i,
-               double wt) {
-  const int H = p.H, I = p.I;
-  const int gr = p.interleaved ? 2 * i : i;
-  const int ur = p.interleaved ? 2 * i + 1 : I + i;
+GateUp gate_up(const MoeProblem& p, const GateUpRows& w, const double* x, int i, double wt) {
+  const int H = p.H;
   double dg = 0, sg = 0, du = 0, su = 0;
-  const double* wg = &Wg[size_t(gr) * H];
-  const double* wu = &Wg[size_t(ur) * H];
+  const double* wg = &w.gate[size_t(i) * H];
+  const double* wu = &w.up[size_t(i) * H];
   for (int k = 0; k < H; ++k) {
     dg += wg[k] * x[k];
     sg += std::fabs(wg[k] * x[k]);
     du += wu[k] * x[k];
     su += std::fabs(wu[k] * x[k]);
   }
-  const double bg = gu.bias_at(gr), bu = gu.bias_at(ur);
+  const double bg = w.bg[size_t(i)], bu = w.bu[size_t(i)];
   const double ws = p.rwoi ? wt : 1.0;
   return {ws * dg + bg, ws * du + bu, std::fabs(ws) * sg + std::fabs(bg), std::fabs(ws) * su + std::fabs(bu)};
 }
@@ -206,9 +260,9 @@ Reference moe_reference_ds(const MoeData& d) {
   for (int e = 0; e < p.E; ++e) {
     const std::vector<std::pair<int, int>> routes = routes_of(d, e, T);
     if (routes.empty()) continue;
-    const Mat& gu = d.gu[size_t(e)];
     const Mat& dn = d.dn[size_t(e)];
-    const std::vector<double> Wg = gu.dequant(), Wd = dn.dequant();
+    const GateUpRows Wg = gate_up_rows(d, e);
+    const std::vector<double> Wd = dn.dequant();
     std::vector<double> gb(static_cast<size_t>(I)), glo(gb.size()), ghi(gb.size());
     std::vector<double> gq(gb.size()), allow(gb.size());
     for (auto [t, j] : routes) {
@@ -216,7 +270,7 @@ Reference moe_reference_ds(const MoeData& d) {
       const double wt = double(d.w[size_t(t * K + j)]);
       const double* x = &xq[size_t(t * H)];
       for (int i = 0; i < I; ++i) {
-        const GateUp gp = gate_up(p, gu, Wg, x, i, wt);
+        const GateUp gp = gate_up(p, Wg, x, i, wt);
         const double gate = gp.gate, up = gp.up, sgate = gp.sgate, sup = gp.sup;
         const double dgate = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sgate;
         const double dup = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sup;
@@ -316,16 +370,16 @@ Reference moe_reference(const MoeData& d) {
   for (int e = 0; e < p.E; ++e) {
     const std::vector<std::pair<int, int>> routes = routes_of(d, e, T);
     if (routes.empty()) continue;
-    const Mat& gu = d.gu[size_t(e)];
     const Mat& dn = d.dn[size_t(e)];
-    const std::vector<double> Wg = gu.dequant(), Wd = dn.dequant();
+    const GateUpRows Wg = gate_up_rows(d, e);
+    const std::vector<double> Wd = dn.dequant();
     std::vector<double> g(static_cast<size_t>(I)), allow(static_cast<size_t>(I));
     for (auto [t, j] : routes) {
       ref.all_skipped[size_t(t)] = false;
       const double wt = double(d.w[size_t(t * K + j)]);
       const double* x = &xd[size_t(t * H)];
       for (int i = 0; i < I; ++i) {
-        const GateUp gp = gate_up(p, gu, Wg, x, i, wt);
+        const GateUp gp = gate_up(p, Wg, x, i, wt);
         const double gate = gp.gate, up = gp.up, sgate = gp.sgate, sup = gp.sup;
         const double dgate = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sgate;
         const double dup = p.fill == Fill::exact ? 0.0 : (H + 64) * kU * sup;
