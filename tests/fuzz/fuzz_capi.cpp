@@ -2,6 +2,10 @@
 // from the fuzz input (valid and invalid fields mixed), create, forward/submit
 // calls with valid and invalid arguments, destroy.
 //
+// MoE descriptors cover the 0.2 fields too: separate gate and up banks, up's and
+// down's own formats (mixed formats, ds_fp4 in some projections only), broken
+// bank forms, and 0.1 callers whose descriptor is the 80 bytes up to `down`.
+//
 // The harness keeps its own model of the validation rules of docs/API.md and
 // checks every status against it: invalid -> INVALID_ARGUMENT (before
 // UNSUPPORTED), a valid MoE descriptor whose experts' scale strides differ
@@ -14,7 +18,8 @@
 //
 // Successful calls are checked for determinism: the same layer on a context of
 // the same tier with another thread count and dedup setting, and a second call
-// through the other entry point (forward vs submit + wait), give the same bits.
+// through the other entry point (forward vs submit + wait), give the same bits;
+// the stats count the calls, routes and each projection's bytes.
 #include <sched.h>
 #include <strings.h>
 
@@ -38,6 +43,8 @@ using fuzz::Reader;
 // ---------------------------------------------------------------- rules of docs/API.md and FORMATS.md
 
 constexpr int kFormats = 9;
+// moejit_moe_desc of 0.1 ends at `down`; its size stays valid (docs/API.md).
+constexpr size_t kMoeDescV1Size = offsetof(moejit_moe_desc, gate);
 // Every format has kernels on every tier. The one valid descriptor a build may
 // refuse (UNSUPPORTED) is a MoE layer whose experts' scale strides differ, for
 // the formats whose kernels bake the stride (docs/API.md).
@@ -163,14 +170,18 @@ struct SizedDesc {
   const Desc* get() const { return reinterpret_cast<const Desc*>(bytes.data()); }
 };
 
+// `older`: the size of an older version of Desc (0 = none), which is valid;
+// with `use_older` the descriptor is exactly that: an older caller's.
 template <class Desc>
-SizedDesc<Desc> sized(Reader& in, Desc d, bool* invalid) {
+SizedDesc<Desc> sized(Reader& in, Desc d, bool* invalid, size_t older = 0, bool use_older = false) {
   uint32_t size = sizeof(Desc);
   bool dirty = false;
-  switch (in.u8() % 16) {
+  switch (use_older ? 255 : in.u8() % 16) {
+    case 255: size = uint32_t(older); break;
     case 0:
-      size = uint32_t(in.range(0, sizeof(Desc) - 1)), *invalid = true;
-      break;                                                         // older than this library
+      size = uint32_t(in.range(0, sizeof(Desc) - 1)), *invalid = true;  // not a version's size
+      if (older && size == older) --size;
+      break;
     case 1: size = sizeof(Desc) + uint32_t(in.range(1, 64)); break;  // newer caller, zero tail
     case 2:
       size = sizeof(Desc) + uint32_t(in.range(1, 64)), dirty = true,
@@ -306,7 +317,8 @@ struct CallArgs {
   const float* wp = nullptr;
   bool y_null = false;
   bool invalid = false;
-  uint64_t routes = 0;  // non-negative ids
+  uint64_t routes = 0;    // non-negative ids
+  uint64_t distinct = 0;  // distinct non-negative ids
 };
 
 CallArgs make_call(Reader& in, int32_t max_tokens, int32_t top_k, int32_t E, int32_t K) {
@@ -335,6 +347,9 @@ CallArgs make_call(Reader& in, int32_t max_tokens, int32_t top_k, int32_t E, int
     c.invalid = true;
   }
   for (int32_t id : c.ids) c.routes += id >= 0 && id < E;
+  std::vector<bool> seen(size_t(E > 0 ? E : 0), false);
+  for (int32_t id : c.ids)
+    if (id >= 0 && id < E && !seen[size_t(id)]) seen[size_t(id)] = true, ++c.distinct;
   c.w.resize(size_t(rows) * size_t(top_k));
   for (auto& v : c.w) v = in.chance(8) ? in.f32() : float(in.range(-64, 64)) / 32.0f;
   // Empty vectors still give a real (non-NULL) pointer.
@@ -358,10 +373,70 @@ CallArgs make_call(Reader& in, int32_t max_tokens, int32_t top_k, int32_t E, int
 
 // ---------------------------------------------------------------- MoE
 
+// One projection's format fields as drawn: valid, or (sometimes) invalid.
+struct FormatPick {
+  int f = 0;  // the format id; -1 when the id itself is invalid
+  int sdt = 0;
+  int32_t raw_format = 0, raw_sdt = 0, group_size = 0;
+  int fv() const { return f < 0 ? 0 : f; }
+  int group() const { return group_of(fv(), group_size); }
+  // K must be a multiple of this (formats.md's K rules).
+  int32_t k_unit() const { return fv() == 0 || fv() == 5 ? 1 : fv() == 1 ? 16 : group(); }
+};
+
+FormatPick pick_format(Reader& in, bool* inv) {
+  FormatPick p;
+  p.f = in.chance(200) ? (in.flag() ? MOEJIT_FORMAT_BF16 : MOEJIT_FORMAT_FP8_BLOCK)
+                       : int(in.range(0, kFormats - 1));
+  if (in.chance(6)) {
+    const int32_t bad[] = {-1, kFormats, 100, std::numeric_limits<int32_t>::min()};
+    p.raw_format = bad[in.u8() % 4];
+    *inv = true;
+    p.f = -1;
+  } else {
+    p.raw_format = p.f;
+  }
+  if (p.f == MOEJIT_FORMAT_FP8_BLOCK) {
+    p.sdt = in.flag();
+    if (in.chance(8))
+      p.raw_sdt = int32_t(in.range(2, 5)), *inv = true;
+    else
+      p.raw_sdt = p.sdt;
+  } else if (in.chance(8)) {
+    p.raw_sdt = int32_t(in.range(1, 3)), *inv = true;
+  }
+  if (mx8(p.f)) {
+    static const int32_t kOk[] = {0, 32, 64, 128};
+    p.group_size = kOk[in.u8() % 4];
+    if (in.chance(8)) p.group_size = in.flag() ? int32_t(in.range(1, 31)) : 96, *inv = true;
+  } else {
+    p.group_size = in.chance(30) ? in.i32() : 0;  // ignored by other formats
+  }
+  return p;
+}
+
+moejit_proj_format api_format(const FormatPick& p) {
+  moejit_proj_format r;
+  set_enum(r.format, p.raw_format);
+  set_enum(r.scale_dtype, p.raw_sdt);
+  r.group_size = p.group_size;
+  return r;
+}
+
+// Weight + scale bytes of one [rows, k] matrix as the stats count them (dense scales).
+uint64_t matrix_bytes(const FormatPick& p, int64_t rows, int64_t k) {
+  const int f = p.fv();
+  return uint64_t(rows * row_bytes(f, k) +
+                  scale_rows(f, rows) * scale_cols(f, p.group(), k) * scale_elem(f, p.sdt) +
+                  (f == 1 ? rows * 4 : 0));
+}
+
 struct MoeModel {
   moejit_moe_desc d{};
-  std::vector<Bank> gu_banks, dn_banks;
-  std::vector<moejit_matrix> gu, dn;
+  // [0] gate_up (fused) or gate, [1] up (separate banks), [2] down; experts map onto banks.
+  std::vector<Bank> banks[3];
+  std::vector<moejit_matrix> mats[3];
+  moejit_proj_format up_format{}, down_format{};
   bool invalid = false;
 };
 
@@ -375,52 +450,46 @@ void fuzz_moe(Reader& in) {
   d.struct_size = sizeof(d);
   bool inv = false;
 
-  // Format fields.
-  int f = in.chance(200) ? (in.flag() ? MOEJIT_FORMAT_BF16 : MOEJIT_FORMAT_FP8_BLOCK)
-                         : int(in.range(0, kFormats - 1));
-  if (in.chance(6)) {
-    const int32_t bad[] = {-1, kFormats, 100, std::numeric_limits<int32_t>::min()};
-    set_enum(d.format, bad[in.u8() % 4]);
-    inv = true;
-    f = -1;
-  } else {
-    set_enum(d.format, f);
+  // Format fields: the layer's own (gate's), then the 0.2 fields. A 0.1 caller
+  // (80-byte descriptor) has none of them; separate banks may give up its own
+  // format (with a fused gate_up that is invalid), and either form down's.
+  const FormatPick gate = pick_format(in, &inv);
+  set_enum(d.format, gate.raw_format);
+  set_enum(d.scale_dtype, gate.raw_sdt);
+  d.group_size = gate.group_size;
+  const bool v1 = in.chance(12);
+  const bool separate = !v1 && in.chance(96);
+  FormatPick up = gate, down = gate;
+  if (!v1 && in.chance(separate ? 128 : 8)) {
+    up = pick_format(in, &inv);
+    mm.up_format = api_format(up);
+    d.up_format = &mm.up_format;
+    if (!separate) inv = true;  // one fused matrix has one format
   }
-  int sdt = 0;
-  if (f == MOEJIT_FORMAT_FP8_BLOCK) {
-    sdt = in.flag();
-    if (in.chance(8))
-      set_enum(d.scale_dtype, int32_t(in.range(2, 5))), inv = true;
-    else
-      set_enum(d.scale_dtype, sdt);
-  } else if (in.chance(8)) {
-    set_enum(d.scale_dtype, int32_t(in.range(1, 3))), inv = true;
+  if (!v1 && in.chance(48)) {
+    down = pick_format(in, &inv);
+    mm.down_format = api_format(down);
+    d.down_format = &mm.down_format;
   }
-  if (mx8(f)) {
-    static const int32_t kOk[] = {0, 32, 64, 128};
-    d.group_size = kOk[in.u8() % 4];
-    if (in.chance(8)) d.group_size = in.flag() ? int32_t(in.range(1, 31)) : 96, inv = true;
-  } else {
-    d.group_size = in.chance(30) ? in.i32() : 0;  // ignored by other formats
-  }
-  const int fv = f < 0 ? 0 : f;
-  const int group = group_of(fv, d.group_size);
+  // ds_fp4's activation numerics are layer-wide: every projection or none.
+  const FormatPick* projs[3] = {&gate, &up, &down};
+  int ds = 0;
+  for (const FormatPick* p : projs) ds += p->f == MOEJIT_FORMAT_DS_FP4;
+  if (ds != 0 && ds != 3) inv = true;
 
-  // Sizes: small and valid for the format's K rule, or invalid by themselves.
-  auto pick_k = [&]() -> int32_t {
+  // Sizes: small and valid for every K rule (H: gate's and up's, I: down's), or invalid by themselves.
+  auto pick_k = [&](int32_t unit) -> int32_t {
     if (in.chance(8)) {
       inv = true;
-      if (fv != 0 && fv != 5 && in.flag())
-        return int32_t(group_of(fv, d.group_size) * in.range(1, 4) + in.range(1, 15));
+      if (unit > 1 && in.flag()) return int32_t(unit * in.range(1, 4) + in.range(1, 15));
       const int32_t bad[] = {0, -1, -128, std::numeric_limits<int32_t>::min()};
       return bad[in.u8() % 4];
     }
-    if (fv == 0 || fv == 5) return int32_t(in.chance(40) ? in.range(1, 8) : in.range(1, 400));
-    const int32_t g = fv == 1 ? 16 : group;
-    return int32_t(g * in.range(1, 256 / g > 0 ? 256 / g + 1 : 1));
+    if (unit == 1) return int32_t(in.chance(40) ? in.range(1, 8) : in.range(1, 400));
+    return int32_t(unit * in.range(1, 256 / unit > 0 ? 256 / unit + 1 : 1));
   };
-  d.hidden = pick_k();
-  d.intermediate = pick_k();
+  d.hidden = pick_k(std::max(gate.k_unit(), up.k_unit()));
+  d.intermediate = pick_k(down.k_unit());
   d.num_experts = pick(in, 1, 24, {0, -1, std::numeric_limits<int32_t>::min()}, &inv);
   if (in.chance(6)) {
     d.top_k = in.flag() ? 0 : d.num_experts + int32_t(in.range(1, 4));
@@ -454,77 +523,97 @@ void fuzz_moe(Reader& in) {
   if (in.chance(8)) odt = in.flag() ? 2 : -1, inv = true;
   set_enum(d.output_dtype, odt);
 
+  if (separate && d.gate_up_interleaved == 1) inv = true;  // rows of one matrix only
+
   // Weight memory is only sized when every scalar field is valid; otherwise the
   // matrices hold garbage addresses (create only looks at pointer values).
   // The arrays themselves are real whenever they have entries to read.
   const bool shapes_valid = !inv;
   const int32_t E = d.num_experts;
-  const bool gu_null = in.chance(4), dn_null = in.chance(4);
-  if (gu_null || dn_null) inv = true;
+  const int64_t H = d.hidden, I = d.intermediate;
+  const int64_t rows[3] = {separate ? I : 2 * I, I, H}, ks[3] = {H, H, I};
+  std::vector<int> used = {0, 2};
+  if (separate) used = {0, 1, 2};
+  // The bank form: a bank left NULL, or a fused gate_up next to a gate or up (or
+  // separate banks next to a gate_up): all invalid.
+  bool null_bank[3] = {in.chance(4), separate && in.chance(4), in.chance(4)};
+  const bool extra = !v1 && in.chance(4);
+  for (int p : used)
+    if (null_bank[p]) inv = true;
+  if (extra) inv = true;
   if (E >= 1) {
-    mm.gu.resize(size_t(E));
-    mm.dn.resize(size_t(E));
+    for (int p : used) mm.mats[p].resize(size_t(E));
     if (shapes_valid) {
       const int nb = int(in.range(1, 3));
-      mm.gu_banks.resize(size_t(nb));
-      mm.dn_banks.resize(size_t(nb));
-      const int bad_bank = in.chance(24) ? int(in.range(0, 2 * nb - 1)) : -1;
-      for (int b = 0; b < nb; ++b) {
-        make_bank(in, mm.gu_banks[size_t(b)], fv, sdt, group, 2 * int64_t(d.intermediate), d.hidden,
-                  bad_bank == b, true);
-        make_bank(in, mm.dn_banks[size_t(b)], fv, sdt, group, d.hidden, d.intermediate, bad_bank == nb + b,
-                  true);
-      }
+      const int bad_bank = in.chance(24) ? int(in.range(0, int(used.size()) * nb - 1)) : -1;
+      for (int p : used) mm.banks[p].resize(size_t(nb));
+      for (int b = 0; b < nb; ++b)
+        for (size_t u = 0; u < used.size(); ++u) {
+          const int p = used[u];
+          make_bank(in, mm.banks[p][size_t(b)], projs[p]->fv(), projs[p]->sdt, projs[p]->group(), rows[p],
+                    ks[p], bad_bank == int(u) * nb + b, true);
+        }
       // Experts map to banks; an invalid bank only counts if some expert uses it.
       const int shift = int(in.range(0, nb - 1));
-      for (int32_t e = 0; e < E; ++e) {
-        const Bank& g = mm.gu_banks[size_t((e + shift) % nb)];
-        const Bank& h = mm.dn_banks[size_t((e + shift) % nb)];
-        mm.gu[size_t(e)] = g.m;
-        mm.dn[size_t(e)] = h.m;
-        if ((g.invalid && !gu_null) || (h.invalid && !dn_null)) inv = true;
-      }
+      for (int32_t e = 0; e < E; ++e)
+        for (int p : used) {
+          const Bank& bk = mm.banks[p][size_t((e + shift) % nb)];
+          mm.mats[p][size_t(e)] = bk.m;
+          if (bk.invalid && !null_bank[p]) inv = true;
+        }
     } else {
-      for (auto* v : {&mm.gu, &mm.dn})
-        for (auto& m : *v) {
+      for (int p : used)
+        for (auto& m : mm.mats[p]) {
           std::memset(&m, 0, sizeof(m));
           m.data = garbage(in);
           m.scales = garbage(in);
         }
     }
-    d.gate_up = mm.gu.data();
-    d.down = mm.dn.data();
-  } else {
-    d.gate_up = static_cast<const moejit_matrix*>(garbage(in));  // no entries to read
-    d.down = static_cast<const moejit_matrix*>(garbage(in));
   }
-  if (gu_null) d.gate_up = nullptr;
-  if (dn_null) d.down = nullptr;
+  const auto array = [&](int p) {  // no entries to read when E < 1
+    return E >= 1 ? mm.mats[p].data() : static_cast<const moejit_matrix*>(garbage(in));
+  };
+  if (separate) {
+    d.gate = null_bank[0] ? nullptr : array(0);
+    d.up = null_bank[1] ? nullptr : array(1);
+    if (extra) d.gate_up = array(0);
+  } else {
+    d.gate_up = null_bank[0] ? nullptr : array(0);
+    if (extra) (in.flag() ? d.gate : d.up) = array(0);
+  }
+  d.down = null_bank[2] ? nullptr : array(2);
 
   bool size_inv = false;
-  const SizedDesc<moejit_moe_desc> sd = sized(in, d, &size_inv);
+  const SizedDesc<moejit_moe_desc> sd = sized(in, d, &size_inv, kMoeDescV1Size, v1);
   if (size_inv) inv = true;
 
   if (g_verbose) {
     std::fprintf(
         stderr,
         "moe: tier %s variant %d | format %d scale_dtype %d group_size %d H %d I %d E %d top_k %d "
-        "max_tokens %d act %d alpha %g limit %g interleaved %d rwoi %d out %d struct_size %u | model %s\n",
+        "max_tokens %d act %d alpha %g limit %g interleaved %d rwoi %d out %d struct_size %u | 0.2: %s, up "
+        "format %d/%d/%d%s, down format %d/%d/%d%s, NULL banks %d%d%d, extra %d | model %s\n",
         moejit_isa_name(moejit_isa(tier)), variant, raw(d.format), raw(d.scale_dtype), d.group_size, d.hidden,
         d.intermediate, d.num_experts, d.top_k, d.max_tokens, raw(d.activation), double(d.swiglu_alpha),
         double(d.swiglu_limit), d.gate_up_interleaved, d.router_weight_on_input, raw(d.output_dtype),
-        sd.get()->struct_size, inv ? "invalid" : "valid");
-    for (size_t b = 0; b < mm.gu_banks.size(); ++b)
-      for (const Bank* bk : {&mm.gu_banks[b], &mm.dn_banks[b]})
+        sd.get()->struct_size, separate ? "separate" : "fused", up.raw_format, up.raw_sdt, up.group_size,
+        d.up_format ? "" : " (NULL)", down.raw_format, down.raw_sdt, down.group_size,
+        d.down_format ? "" : " (NULL)", null_bank[0], null_bank[1], null_bank[2], extra,
+        inv ? "invalid" : "valid");
+    static const char* kNames[3] = {"gate_up/gate", "up", "down"};
+    for (int p : used)
+      for (size_t b = 0; b < mm.banks[p].size(); ++b) {
+        const Bank* bk = &mm.banks[p][b];
         std::fprintf(
             stderr,
             "  %s bank %zu: data %zu bytes [%p, %p), scales %zu bytes [%p, %p), stride %lld, bias %d, "
             "row_scales %d%s\n",
-            bk == &mm.gu_banks[b] ? "gate_up" : "down", b, bk->data.size(), (const void*)bk->data.data(),
+            kNames[p], b, bk->data.size(), (const void*)bk->data.data(),
             (const void*)(bk->data.data() + bk->data.size()), bk->scales.size(),
             (const void*)bk->scales.data(), (const void*)(bk->scales.data() + bk->scales.size()),
             (long long)bk->m.scale_row_stride, bk->m.bias != nullptr, bk->m.row_scales != nullptr,
             bk->invalid ? " (invalid)" : "");
+      }
   }
   // Rare: NULL out, ctx or desc.
   moejit_moe* out = reinterpret_cast<moejit_moe*>(uintptr_t(0x10));
@@ -544,10 +633,9 @@ void fuzz_moe(Reader& in) {
   } else {
     st = moejit_moe_create(ctx, sd.get(), &out);
   }
-  const int g = group_of(f, d.group_size);
-  if (want == MOEJIT_OK && st == MOEJIT_UNSUPPORTED &&
-      !(strides_agree(f, g, d.hidden, mm.gu) && strides_agree(f, g, d.intermediate, mm.dn)))
-    want = MOEJIT_UNSUPPORTED;
+  bool agree = true;
+  for (int p : used) agree = agree && strides_agree(projs[p]->f, projs[p]->group(), ks[p], mm.mats[p]);
+  if (want == MOEJIT_OK && st == MOEJIT_UNSUPPORTED && !agree) want = MOEJIT_UNSUPPORTED;
   if (want != MOEJIT_OK) {
     expect_failure(st, want, "moejit_moe_create");
     FUZZ_CHECK(out == nullptr, "moejit_moe_create failed but *out = %p", static_cast<void*>(out));
@@ -563,9 +651,13 @@ void fuzz_moe(Reader& in) {
              moejit_last_error());
   std::unique_ptr<moejit_moe, void (*)(moejit_moe*)> twin(twin_raw, moejit_moe_destroy);
 
-  const int32_t H = d.hidden;
   const size_t row = size_t(H) * out_bytes(odt);
-  uint64_t calls = 0, routes = 0;
+  uint64_t calls = 0, routes = 0, bytes = 0, expert_bytes = 0;
+  for (int p : used) expert_bytes += matrix_bytes(*projs[p], rows[p], ks[p]);
+  // Each call streams its distinct experts (with dedup) or each route's (variant 1: without).
+  const auto streamed = [&](const CallArgs& c) {
+    return (variant == 1 ? c.routes : c.distinct) * expert_bytes;
+  };
   for (int call = 0, ncalls = int(in.range(1, 3)); call < ncalls; ++call) {
     CallArgs c = make_call(in, d.max_tokens, d.top_k, E, H);
     if (g_verbose) {
@@ -603,6 +695,7 @@ void fuzz_moe(Reader& in) {
     }
     ++calls;
     routes += c.routes;
+    bytes += streamed(c);
     // Determinism: the other entry point, and the twin layer.
     if (use_submit)
       st = moejit_moe_forward(moe.get(), c.T, c.xp, c.idp, c.wp, y2.data());
@@ -611,6 +704,7 @@ void fuzz_moe(Reader& in) {
     FUZZ_CHECK(st == MOEJIT_OK, "repeat call: %s", moejit_last_error());
     ++calls;
     routes += c.routes;
+    bytes += streamed(c);
     FUZZ_CHECK(moejit_moe_forward(twin.get(), c.T, c.xp, c.idp, c.wp, y3.data()) == MOEJIT_OK,
                "twin call: %s", moejit_last_error());
     size_t where = 0;
@@ -627,6 +721,9 @@ void fuzz_moe(Reader& in) {
   FUZZ_CHECK(s.calls == calls && s.routes == routes, "stats: calls %llu routes %llu, want %llu %llu",
              (unsigned long long)s.calls, (unsigned long long)s.routes, (unsigned long long)calls,
              (unsigned long long)routes);
+  FUZZ_CHECK(s.weight_bytes_read == bytes, "stats: weight_bytes_read %llu, want %llu (%llu per expert)",
+             (unsigned long long)s.weight_bytes_read, (unsigned long long)bytes,
+             (unsigned long long)expert_bytes);
   s.struct_size = sizeof(s) - 1;
   FUZZ_CHECK(moejit_moe_stats_get(moe.get(), &s) == MOEJIT_INVALID_ARGUMENT,
              "stats with a short struct_size");
