@@ -109,8 +109,10 @@ MatrixBytes matrix_bytes(moejit_format f, const Geometry& g, int64_t rows, int64
 }
 
 int64_t expert_bytes(moejit_format f, const Geometry& g) {
-  return matrix_bytes(f, g, 2 * int64_t(g.intermediate), g.hidden).total() +
-         matrix_bytes(f, g, g.hidden, g.intermediate).total();
+  // Separate banks: two [I, H] matrices (fp8_block's 128-row scale blocks per bank).
+  const int64_t gate_up = g.separate ? 2 * matrix_bytes(f, g, g.intermediate, g.hidden).total()
+                                     : matrix_bytes(f, g, 2 * int64_t(g.intermediate), g.hidden).total();
+  return gate_up + matrix_bytes(f, g, g.hidden, g.intermediate).total();
 }
 
 double bytes_per_weight(moejit_format f, const Geometry& g) {
@@ -158,8 +160,9 @@ MatrixBank::MatrixBank(moejit_format f, const Geometry& g, int64_t rows, int64_t
 
 Layer::Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing)
     : format_(f), geometry_(g), backing_(backing > 0 ? std::min(backing, g.experts) : g.experts) {
-  const int64_t two_i = 2 * int64_t(g.intermediate);
-  gate_up_ = MatrixBank(f, g, two_i, g.hidden, g.experts, backing_, seed * 4 + 1);
+  const int64_t gate_rows = g.separate ? int64_t(g.intermediate) : 2 * int64_t(g.intermediate);
+  gate_up_ = MatrixBank(f, g, gate_rows, g.hidden, g.experts, backing_, seed * 4 + 1);
+  if (g.separate) up_ = MatrixBank(f, g, g.intermediate, g.hidden, g.experts, backing_, seed * 4 + 3);
   down_ = MatrixBank(f, g, g.hidden, g.intermediate, g.experts, backing_, seed * 4 + 2);
 }
 
@@ -178,10 +181,15 @@ moejit_moe_desc Layer::desc(int32_t max_tokens) const {
   d.activation = geometry_.activation;
   d.swiglu_alpha = geometry_.swiglu_alpha;
   d.swiglu_limit = geometry_.swiglu_limit;
-  d.gate_up_interleaved = geometry_.interleaved ? 1 : 0;
+  d.gate_up_interleaved = geometry_.interleaved && !geometry_.separate ? 1 : 0;
   d.router_weight_on_input = 0;
   d.output_dtype = geometry_.output_dtype;
-  d.gate_up = gate_up_.data();
+  if (geometry_.separate) {
+    d.gate = gate_up_.data();
+    d.up = up_.data();
+  } else {
+    d.gate_up = gate_up_.data();
+  }
   d.down = down_.data();
   return d;
 }

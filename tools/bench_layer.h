@@ -25,6 +25,7 @@ struct Geometry {
   float swiglu_alpha = 0.0f;                     // 0 = library default 1.702
   float swiglu_limit = 0.0f;                     // 0 = no clamp
   bool interleaved = false;                      // gate_up rows interleaved (gpt-oss) instead of concatenated
+  bool separate = false;                         // gate and up in banks of their own (--layout separate)
   bool bias = false;                             // bf16 biases on gate_up and down
   int32_t group_size = 0;                        // mxfp8 only: 0 (= 32), 32, 64, 128
   moejit_dtype scale_dtype = MOEJIT_DTYPE_BF16;  // fp8_block only
@@ -40,7 +41,8 @@ struct MatrixBytes {
 };
 MatrixBytes matrix_bytes(moejit_format f, const Geometry& g, int64_t rows, int64_t k);
 
-// Weight + scale bytes of one expert (gate_up [2I, H] and down [H, I]); biases not counted.
+// Weight + scale bytes of one expert (gate_up [2I, H], or gate and up [I, H] each, and down [H, I]);
+// biases not counted.
 int64_t expert_bytes(moejit_format f, const Geometry& g);
 double bytes_per_weight(moejit_format f, const Geometry& g);
 
@@ -69,7 +71,8 @@ class MatrixBank {
   std::vector<moejit_matrix> matrices_;
 };
 
-// A layer's weights: gate_up [E][2I, H] and down [E][H, I] banks. `backing` > 0 stores only that
+// A layer's weights: gate_up [E][2I, H] (or, with g.separate, gate [E][I, H] and up [E][I, H])
+// and down [E][H, I] banks. `backing` > 0 stores only that
 // many experts and points expert e at copy e % backing: the same routing and plan as the full
 // layer over a working set small enough to stay cached (--hot).
 class Layer {
@@ -80,6 +83,7 @@ class Layer {
   int64_t total_bytes() const { return int64_t(backing_) * expert_bytes(format_, geometry_); }
   moejit_format format() const { return format_; }
   const Geometry& geometry() const { return geometry_; }
+  // The fused gate_up of expert e (the gate bank's matrix when the geometry is separate).
   const moejit_matrix& gate_up(int32_t e) const { return gate_up_[e]; }
   const moejit_matrix& down(int32_t e) const { return down_[e]; }
 
@@ -87,7 +91,7 @@ class Layer {
   moejit_format format_;
   Geometry geometry_;
   int32_t backing_;
-  MatrixBank gate_up_, down_;
+  MatrixBank gate_up_, up_, down_;  // gate_up_ is the gate bank when separate
 };
 
 // How a call's tokens pick their experts. uniform: top_k distinct experts each, uniformly;
