@@ -83,9 +83,17 @@ typedef struct moejit_context_desc {
   uint32_t flags;     /* MOEJIT_CONTEXT_*; unknown bits are invalid */
 } moejit_context_desc;
 
+typedef struct moejit_proj_format { /* one projection's encoding, added in 0.2 */
+  moejit_format format;
+  moejit_dtype scale_dtype; /* as moejit_moe_desc.scale_dtype */
+  int32_t group_size;       /* as moejit_moe_desc.group_size */
+} moejit_proj_format;
+
+/* struct_size: sizeof(moejit_moe_desc); the 0.1 size (80 bytes on x86-64, up to `down`) is
+ * still accepted and reads the fields added in 0.2 as zero/NULL. */
 typedef struct moejit_moe_desc {
   uint32_t struct_size;
-  moejit_format format;
+  moejit_format format;     /* gate's (and gate_up's); up and down too unless up_format/down_format */
   moejit_dtype scale_dtype; /* fp8_block: BF16 or F32; must be 0 for other formats */
   int32_t group_size;       /* mxfp8: 0 (= 32), 32, 64 or 128; ignored by other formats */
   int32_t hidden;           /* H */
@@ -99,8 +107,13 @@ typedef struct moejit_moe_desc {
   int32_t gate_up_interleaved;    /* 0: rows [0,I) gate, [I,2I) up; 1: row 2j gate j, 2j+1 up j */
   int32_t router_weight_on_input; /* 0 or 1 */
   moejit_dtype output_dtype;
-  const moejit_matrix* gate_up; /* [num_experts], each [2I, H] */
+  const moejit_matrix* gate_up; /* [num_experts], each [2I, H]; NULL with separate gate and up */
   const moejit_matrix* down;    /* [num_experts], each [H, I] */
+  /* Added in 0.2 (all zero/NULL: the layer is described by the fields above alone). */
+  const moejit_matrix* gate;             /* [num_experts], each [I, H]: with `up`, instead of gate_up */
+  const moejit_matrix* up;               /* [num_experts], each [I, H] */
+  const moejit_proj_format* up_format;   /* NULL: as gate (format, scale_dtype, group_size above) */
+  const moejit_proj_format* down_format; /* NULL: as gate */
 } moejit_moe_desc;
 
 typedef struct moejit_linear_desc { /* y[T, rows] = x[T, cols] W^T + bias */

@@ -47,9 +47,7 @@ bool parse_isa_env(moejit_isa* cap, moejit_status* st, const char* fn) {
   return false;
 }
 
-moejit_isa host_isa_c() {
-  return static_cast<moejit_isa>(moejit::jit::host_isa());
-}
+moejit_isa host_isa_c() { return static_cast<moejit_isa>(moejit::jit::host_isa()); }
 
 moejit_status context_create(const moejit_context_desc* desc, moejit_context** out) {
   const char* fn = "moejit_context_create";

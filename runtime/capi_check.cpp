@@ -10,9 +10,15 @@ namespace moejit::capi {
 namespace fmt = moejit::formats;
 
 bool check_struct_size(const char* fn, const char* what, const void* desc, uint32_t size, size_t known,
-                       moejit_status* st) {
+                       moejit_status* st, size_t older) {
+  if (older != 0 && size == older) return true;
   if (size < known) {
-    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%s->struct_size = %u is smaller than %zu", what, size, known);
+    if (older != 0)
+      *st = fail(MOEJIT_INVALID_ARGUMENT, fn,
+                 "%s->struct_size = %u is smaller than %zu and not the size of an older version (%zu)", what,
+                 size, known, older);
+    else
+      *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%s->struct_size = %u is smaller than %zu", what, size, known);
     return false;
   }
   const auto* p = static_cast<const uint8_t*>(desc);
@@ -32,22 +38,22 @@ moejit_status internal_error(const char* fn) {
 }
 moejit_status out_of_memory(const char* fn) { return fail(MOEJIT_OUT_OF_MEMORY, fn, "out of memory"); }
 
-bool check_format_args(const char* fn, const FormatArgs& a, moejit_status* st) {
+bool check_format_args(const char* fn, const FormatArgs& a, moejit_status* st, const char* prefix) {
   if (!fmt::known_format(a.format)) {
-    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->format = %d is not a known format (0..%d)", a.format,
+    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%sformat = %d is not a known format (0..%d)", prefix, a.format,
                fmt::kMaxFormatId);
     return false;
   }
   const fmt::FormatInfo& fi = fmt::info(static_cast<fmt::Format>(a.format));
   if (fi.scale_code == fmt::ScaleCode::bf16_f32) {
     if (a.scale_dtype != MOEJIT_DTYPE_BF16 && a.scale_dtype != MOEJIT_DTYPE_F32) {
-      *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->scale_dtype = %d must be 0 (bf16) or 1 (f32) for %s",
+      *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%sscale_dtype = %d must be 0 (bf16) or 1 (f32) for %s", prefix,
                  a.scale_dtype, fi.name);
       return false;
     }
   } else if (a.scale_dtype != 0) {
-    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->scale_dtype = %d must be 0 for format %s", a.scale_dtype,
-               fi.name);
+    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%sscale_dtype = %d must be 0 for format %s", prefix,
+               a.scale_dtype, fi.name);
     return false;
   }
   if (fi.api_groups && a.group_size != 0 && !fmt::api_group_allowed(fi, a.group_size)) {
@@ -55,18 +61,23 @@ bool check_format_args(const char* fn, const FormatArgs& a, moejit_status* st) {
     for (int b = 0; b < 31; ++b)
       if (fi.api_groups >> b & 1u)
         allowed += (fi.api_groups >> (b + 1) ? ", " : " or ") + std::to_string(1 << b);
-    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "desc->group_size = %d must be %s for %s", a.group_size,
+    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%sgroup_size = %d must be %s for %s", prefix, a.group_size,
                allowed.c_str(), fi.name);
     return false;
   }
   return true;
 }
 
-bool check_k(const char* fn, const char* what, fmt::Format f, int32_t group, int64_t k, moejit_status* st) {
+bool check_k(const char* fn, const char* what, fmt::Format f, int32_t group, int64_t k, moejit_status* st,
+             const char* format_field) {
   const char* why = "";
   if (!fmt::k_is_valid(f, group, k, &why)) {
-    *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%s = %lld %s (format %s)", what, (long long)k, why,
-               fmt::format_name(f));
+    if (format_field)
+      *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%s = %lld %s (format %s of %s)", what, (long long)k, why,
+                 fmt::format_name(f), format_field);
+    else
+      *st = fail(MOEJIT_INVALID_ARGUMENT, fn, "%s = %lld %s (format %s)", what, (long long)k, why,
+                 fmt::format_name(f));
     return false;
   }
   return true;

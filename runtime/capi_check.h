@@ -13,9 +13,11 @@
 
 namespace moejit::capi {
 
-// struct_size rule: smaller is invalid; larger is fine when the extra bytes are zero.
+// struct_size rule: `known` (this version's size) or `older` (an older
+// version's, 0 = none) is accepted; another smaller size is invalid; a larger
+// one is fine when the extra bytes are zero (a newer caller).
 bool check_struct_size(const char* fn, const char* what, const void* desc, uint32_t size, size_t known,
-                       moejit_status* st);
+                       moejit_status* st, size_t older = 0);
 
 // A C caller may store any int in an enum field; loading such a value as the C++
 // enum type is undefined behaviour (UBSan -fsanitize=enum), so enum fields are
@@ -39,9 +41,12 @@ struct FormatArgs {
   int32_t group_size;
 };
 
-bool check_format_args(const char* fn, const FormatArgs& a, moejit_status* st);
-bool check_k(const char* fn, const char* what, formats::Format f, int32_t group, int64_t k,
-             moejit_status* st);
+// Messages name `prefix` + the field ("desc->format", "desc->up_format->format").
+bool check_format_args(const char* fn, const FormatArgs& a, moejit_status* st, const char* prefix = "desc->");
+// K rule of format f for `what` (e.g. "desc->hidden"); `format_field` names where
+// the format comes from when it is not the descriptor's own.
+bool check_k(const char* fn, const char* what, formats::Format f, int32_t group, int64_t k, moejit_status* st,
+             const char* format_field = nullptr);
 // One matrix [rows, k]: pointers and scale stride.
 bool check_matrix(const char* fn, const char* name, const moejit_matrix& m, formats::Format f, int32_t group,
                   int64_t rows, int64_t k, moejit_status* st);

@@ -32,7 +32,6 @@ moejit_status Matmul::init(const plan::MatrixPlan& p, std::string* err) {
   return MOEJIT_OK;
 }
 
-
 void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens, const void* x, float* y,
                  float* scratch, const void* prefetch) const {
   const int64_t xs = x_stride();

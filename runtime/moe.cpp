@@ -9,8 +9,7 @@
 
 namespace moejit {
 
-moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cfg,
-                               const moejit_matrix* gate_up, const moejit_matrix* down,
+moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cfg, const MoeBanks& banks,
                                std::unique_ptr<MoeLayer>* out, std::string* err) {
   std::unique_ptr<MoeLayer> m(new (std::nothrow) MoeLayer());
   if (!m) return MOEJIT_OUT_OF_MEMORY;
@@ -25,20 +24,23 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   target.threads = m->ctx_->num_threads();
   target.dedup = m->dedup_;
   plan::MoeShape shape;
-  shape.gate = shape.up = shape.down = {cfg.format, cfg.scale_dtype, cfg.group};
+  shape.gate = cfg.gate;
+  shape.up = cfg.up;
+  shape.down = cfg.down;
   shape.hidden = cfg.hidden;
   shape.intermediate = cfg.intermediate;
   shape.top_k = cfg.top_k;
   shape.max_tokens = cfg.max_tokens;
-  shape.gate_up = cfg.interleaved ? plan::GateUp::interleaved : plan::GateUp::concat;
-  shape.gate_stride = gate_up[0].scale_row_stride;
-  shape.down_stride = down[0].scale_row_stride;
+  shape.gate_up = cfg.gate_up;
+  shape.gate_stride = banks.gate[0].scale_row_stride;
+  shape.up_stride = banks.up ? banks.up[0].scale_row_stride : 0;
+  shape.down_stride = banks.down[0].scale_row_stride;
   m->plan_ = plan::moe_plan(shape, target);
   const plan::MoePlan& p = m->plan_;
   m->ds_ = p.ds;
   m->expert_bytes_ = uint64_t(p.expert_bytes());
 
-  const moejit_matrix* banks[3] = {gate_up, nullptr, down};
+  const moejit_matrix* bank[3] = {banks.gate, banks.up, banks.down};
   for (int proj : {plan::kGate, plan::kUp, plan::kDown}) {
     if (!p.has(proj)) continue;
     const moejit_status st = m->mm_[proj].init(p.mats[proj], err);
@@ -49,33 +51,48 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
     m->w_[proj].resize(size_t(E));
     m->bias_[proj].resize(size_t(E));
     for (int64_t e = 0; e < E; ++e) {
-      const moejit_matrix& w = banks[proj][e];
+      const moejit_matrix& w = bank[proj][e];
       m->w_[proj][size_t(e)] = {w.data, w.scales, w.row_scales,
                                 w.scale_row_stride > 0 ? w.scale_row_stride : dense};
       m->bias_[proj][size_t(e)] = w.bias;
     }
   }
 
-  // Calls to look ahead for the prefetch (each call reads one row block of one expert).
-  const Matmul& gu = m->mm_[plan::kGate];
+  // Calls to look ahead for the prefetch (each call reads one row block of one
+  // expert; gate and up calls alternate, so their mean size with separate banks).
+  int64_t b1 = 0;
+  bool far1 = false;
+  for (int c = 0; c < p.calls1(); ++c) {
+    const int proj = p.call1(0, c).proj;
+    b1 += m->mm_[proj].call_bytes(p.gate_up == plan::GateUp::interleaved ? 2 * p.rows1 : p.rows1);
+    far1 = far1 || p.mats[proj].far_prefetch();
+  }
+  b1 /= p.calls1();
+  const Matmul& gate = m->mm_[plan::kGate];
   const Matmul& dn = m->mm_[plan::kDown];
-  const int64_t b1 = gu.call_bytes(cfg.interleaved ? 2 * p.rows1 : p.rows1);
   const int64_t b2 = dn.call_bytes(p.rows2);
-  const bool far = p.mats[plan::kGate].far_prefetch();
-  m->ahead1_ = far ? std::max<int64_t>(1, (kPrefetchBytes + b1 - 1) / b1) : 1;
-  m->ahead2_ = far ? std::max<int64_t>(1, (kPrefetchBytes + b2 - 1) / b2) : 1;
-  m->xelem_ = gu.x_elem_bytes();
+  m->ahead1_ = far1 ? std::max<int64_t>(1, (kPrefetchBytes + b1 - 1) / b1) : 1;
+  m->ahead2_ = p.mats[plan::kDown].far_prefetch() ? std::max<int64_t>(1, (kPrefetchBytes + b2 - 1) / b2) : 1;
+  m->x_sets_ = p.separate() && m->mm_[plan::kUp].x_layout() != gate.x_layout() ? 2 : 1;
+  for (int s = 0; s < m->x_sets_; ++s)
+    m->xvec_[s] = size_t(gate.x_stride()) * m->mm_[s == 0 ? plan::kGate : plan::kUp].x_elem_bytes();
+  m->gvec_ = size_t(dn.x_stride()) * dn.x_elem_bytes();
   const size_t T = size_t(cfg.max_tokens), K = size_t(cfg.top_k), R = T * K;
   const size_t gmax = size_t(p.group_max);
   try {
-    m->x_prep_.assign(T * size_t(gu.x_stride()) * m->xelem_, 0);
+    for (int s = 0; s < m->x_sets_; ++s) {
+      m->x_prep_[s].assign(T * m->xvec_[s], 0);
+      if (m->dedup_) m->x_grp_[s].assign(R * m->xvec_[s], 0);
+    }
     if (m->ds_) m->x_rt_.assign(size_t(H), 0);
-    if (m->dedup_) m->x_grp_.assign(R * size_t(gu.x_stride()) * m->xelem_, 0);
-    m->g_grp_.assign(R * size_t(dn.x_stride()) * m->xelem_, 0);
+    m->g_grp_.assign(R * m->gvec_, 0);
     // pass 1: gate, up (or both interleaved) for a group; pass 2: dot for a group + per-token sums.
     const size_t p1 = 4 * gmax * size_t(p.rows1);
     const size_t p2 = gmax * size_t(p.rows2) + T * size_t(p.rows2);
-    m->worker_floats_ = std::max(gu.scratch_floats(), dn.scratch_floats()) + std::max(p1, p2) + 16;
+    size_t mm_floats = 0;
+    for (int proj : {plan::kGate, plan::kUp, plan::kDown})
+      if (p.has(proj)) mm_floats = std::max(mm_floats, m->mm_[proj].scratch_floats());
+    m->worker_floats_ = mm_floats + std::max(p1, p2) + 16;
     m->worker_scratch_.assign(m->worker_floats_ * size_t(m->ctx_->num_threads()), 0.0f);
     m->expert_count_.assign(size_t(cfg.experts) + 1, 0);
     m->route_slot_.assign(R, 0);
@@ -105,15 +122,14 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
 
   // Prepared activations (integer work only: widening bf16 is exact). ds_fp4
   // first round-trips each token's x through e4m3 per 128 (O(T * H)).
-  const Matmul& gu = mm_[plan::kGate];
-  const int64_t xs = gu.x_stride();
   for (int32_t t = 0; t < T; ++t) {
     const uint16_t* xt = x + int64_t(t) * cfg_.hidden;
     if (ds_) {
       ds_act_roundtrip_n(xt, cfg_.hidden, x_rt_.data(), ctx_->isa());
       xt = x_rt_.data();
     }
-    gu.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, xt);
+    for (int s = 0; s < x_sets_; ++s)
+      mm_[s == 0 ? plan::kGate : plan::kUp].x_prepare(x_prep_[s].data() + size_t(t) * xvec_[s], xt);
   }
 
   // Counting sort of the active routes by expert; slots ascend inside an expert.
@@ -138,10 +154,12 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
       begin = end;
     }
     // Each group's x vectors side by side for the multi-token kernels.
-    const size_t vbytes = size_t(xs) * xelem_;
-    for (int32_t r = 0; r < nact; ++r)
-      std::memcpy(x_grp_.data() + size_t(r) * vbytes,
-                  x_prep_.data() + size_t(route_slot_[size_t(r)] / K) * vbytes, vbytes);
+    for (int s = 0; s < x_sets_; ++s) {
+      const size_t vbytes = xvec_[s];
+      for (int32_t r = 0; r < nact; ++r)
+        std::memcpy(x_grp_[s].data() + size_t(r) * vbytes,
+                    x_prep_[s].data() + size_t(route_slot_[size_t(r)] / K) * vbytes, vbytes);
+    }
   } else {
     for (int32_t r = 0; r < nact; ++r) group_begin_[size_t(++groups_)] = r + 1;
   }
@@ -201,43 +219,52 @@ void MoeLayer::pass1(int64_t item, int worker) {
   const int32_t cnt = group_size(grp);
   const int32_t e = group_expert(grp);
   const int32_t K = cfg_.top_k;
-  const Matmul& gu = mm_[plan::kGate];
   const Matmul& dn = mm_[plan::kDown];
-  const size_t xvec = size_t(gu.x_stride()) * xelem_;
   float* scratch = worker_scratch_.data() + size_t(worker) * worker_floats_;
   float* gate = scratch;                       // [cnt][n]
   float* up = gate + size_t(cnt) * size_t(n);  // [cnt][n]
   float* both = up + size_t(cnt) * size_t(n);  // [cnt][2n] interleaved rows
   float* mscratch = gate + 4 * size_t(cnt) * size_t(plan_.rows1);
-  const void* xg =
-      dedup_ ? static_cast<const void*>(x_grp_.data() + size_t(first) * xvec)
-             : static_cast<const void*>(x_prep_.data() + size_t(route_slot_[size_t(first)] / K) * xvec);
-  const formats::MatrixRef& w = w_[plan::kGate][size_t(e)];
+  // This group's x vectors in x set s (side by side with dedup, else its one token's).
+  auto group_x = [&](int s) {
+    return dedup_ ? static_cast<const void*>(x_grp_[s].data() + size_t(first) * xvec_[s])
+                  : static_cast<const void*>(x_prep_[s].data() +
+                                             size_t(route_slot_[size_t(first)] / K) * xvec_[s]);
+  };
   // Workers own contiguous item ranges, so this thread's later calls are known:
   // prefetch the one about kPrefetchBytes ahead.
   const int cpi = plan_.calls1();
   const int64_t call = item * cpi;
   const void* pf0 = pass1_call(call + ahead1_);
   const void* pf1 = pass1_call(call + 1 + ahead1_);
-  if (cfg_.interleaved) {
+  const plan::GateUp form = plan_.gate_up;
+  if (form == plan::GateUp::interleaved) {
     const plan::Call c = plan_.call1(blk, 0);
-    gu.run(w, c.r0, c.rows, cnt, xg, both, mscratch, pf0);
+    mm_[c.proj].run(w_[c.proj][size_t(e)], c.r0, c.rows, cnt, group_x(0), both, mscratch, pf0);
     for (int64_t i = 0; i < int64_t(cnt) * n; ++i) {
       gate[i] = both[2 * i];
       up[i] = both[2 * i + 1];
     }
   } else {
     const plan::Call cg = plan_.call1(blk, 0), cu = plan_.call1(blk, 1);
-    gu.run(w, cg.r0, cg.rows, cnt, xg, gate, mscratch, pf0);
-    gu.run(w, cu.r0, cu.rows, cnt, xg, up, mscratch, pf1);
+    mm_[cg.proj].run(w_[cg.proj][size_t(e)], cg.r0, cg.rows, cnt, group_x(0), gate, mscratch, pf0);
+    mm_[cu.proj].run(w_[cu.proj][size_t(e)], cu.r0, cu.rows, cnt, group_x(x_sets_ - 1), up, mscratch, pf1);
   }
-  const uint16_t* bias = bias_[plan::kGate][size_t(e)];
-  const size_t gvec = size_t(dn.x_stride()) * xelem_;
+  // Gate's and up's biases, from element j0: rows j0 + i and I + j0 + i of gate_up
+  // (concatenated), 2 (j0 + i) and 2 (j0 + i) + 1 (interleaved), or j0 + i of each bank.
+  const uint16_t* bias_g = bias_[plan::kGate][size_t(e)];
+  const uint16_t* bias_u = plan_.separate() ? bias_[plan::kUp][size_t(e)] : bias_g;
+  int64_t bstep = 1;
+  if (bias_g) bias_g += form == plan::GateUp::interleaved ? 2 * j0 : j0;
+  if (bias_u) {
+    bias_u += form == plan::GateUp::interleaved ? 2 * j0 + 1 : form == plan::GateUp::concat ? I + j0 : j0;
+  }
+  if (form == plan::GateUp::interleaved) bstep = 2;
   uint16_t gq[formats::kDsActBlock];  // ds_fp4: this item's block of g, bf16
   for (int32_t m = 0; m < cnt; ++m) {
     const int32_t r = first + m;
     const float rw = cfg_.weight_on_input ? weights_[route_slot_[size_t(r)]] : 1.0f;
-    void* g = g_grp_.data() + size_t(r) * gvec;
+    void* g = g_grp_.data() + size_t(r) * gvec_;
     float* gt = gate + int64_t(m) * n;  // this route's gate and up values, updated in place
     float* ut = up + int64_t(m) * n;
     if (cfg_.weight_on_input) {
@@ -246,14 +273,10 @@ void MoeLayer::pass1(int64_t item, int worker) {
         ut[i] *= rw;
       }
     }
-    if (bias) {
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t rg = cfg_.interleaved ? 2 * (j0 + i) : j0 + i;
-        const int64_t ru = cfg_.interleaved ? 2 * (j0 + i) + 1 : I + j0 + i;
-        gt[i] += formats::bf16_to_f32(bias[rg]);
-        ut[i] += formats::bf16_to_f32(bias[ru]);
-      }
-    }
+    if (bias_g)
+      for (int64_t i = 0; i < n; ++i) gt[i] += formats::bf16_to_f32(bias_g[bstep * i]);
+    if (bias_u)
+      for (int64_t i = 0; i < n; ++i) ut[i] += formats::bf16_to_f32(bias_u[bstep * i]);
     if (!ds_) {
       activate_bf16_n(cfg_.act, gt, ut, gt, n, ctx_->isa());
       dn.x_store_n(g, j0, gt, n);
@@ -282,7 +305,7 @@ void MoeLayer::pass2(int64_t item, int worker) {
   float* dot = acc + size_t(cfg_.max_tokens) * size_t(rb2);  // [group size][n]
   float* mscratch = dot + size_t(plan_.group_max) * size_t(rb2);
   std::fill(acc, acc + int64_t(tokens_) * n, 0.0f);
-  const size_t gvec = size_t(dn.x_stride()) * xelem_;
+  const size_t gvec = gvec_;
   for (int32_t grp = 0; grp < groups_; ++grp) {
     const int32_t first = group_begin_[size_t(grp)];
     const int32_t cnt = group_size(grp);

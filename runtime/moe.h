@@ -9,8 +9,14 @@
 // inside a group in slot order, so each token's pass-2 sum follows the
 // canonical order in both modes and the bits are the same.
 //
+// Gate and up come fused in one gate_up matrix per expert (rows concatenated
+// or interleaved) or as separate gate and up banks; each projection (gate, up,
+// down) may have its own format, so its own kernels and, for gate and up, its
+// own layout of the prepared x (the plan, runtime/plan.h, says which).
+//
 // ds_fp4 runs the mxfp4 kernels with DeepSeek's activation numerics around
-// them (formats.md): x is round-tripped through e4m3 per 128 before pass 1;
+// them (formats.md), in every projection or none (validated by the C API): x
+// is round-tripped through e4m3 per 128 before pass 1;
 // gate and up are rounded to bf16 before the activation; pass-1 items cover
 // exactly one 128-block of I, so each round-trips its own block of g; each
 // weighted route output is rounded to bf16 before the pass-2 sum.
@@ -31,21 +37,26 @@
 namespace moejit {
 
 struct MoeConfig {
-  formats::Format format = formats::Format::bf16;
-  formats::ScaleDtype scale_dtype = formats::ScaleDtype::bf16;
-  int32_t group = 0;
+  plan::ProjFormat gate, up, down;  // each projection's encoding (up is gate's when fused)
+  plan::GateUp gate_up = plan::GateUp::concat;
   int32_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, max_tokens = 0;
   ActivationParams act;
-  bool interleaved = false;
   bool weight_on_input = false;
   moejit_dtype out_dtype = MOEJIT_DTYPE_BF16;
+};
+
+// The experts' banks, [experts] matrices each: the fused gate_up (gate, with up
+// NULL) or separate gate and up, and down.
+struct MoeBanks {
+  const moejit_matrix* gate = nullptr;
+  const moejit_matrix* up = nullptr;
+  const moejit_matrix* down = nullptr;
 };
 
 class MoeLayer {
  public:
   // Builds the layer; arrays are copied. On failure returns the status and sets *err.
-  static moejit_status create(std::shared_ptr<Context> ctx, const MoeConfig& cfg,
-                              const moejit_matrix* gate_up, const moejit_matrix* down,
+  static moejit_status create(std::shared_ptr<Context> ctx, const MoeConfig& cfg, const MoeBanks& banks,
                               std::unique_ptr<MoeLayer>* out, std::string* err);
   ~MoeLayer();
 
@@ -70,8 +81,8 @@ class MoeLayer {
   std::shared_ptr<Context> ctx_;
   MoeConfig cfg_;
   plan::MoePlan plan_;  // row blocks, calls and kernels (runtime/plan.h)
-  // Per matrix of the plan (plan::kGate: the fused gate_up; plan::kDown): its
-  // kernels, and each expert's weights and bias.
+  // Per matrix of the plan (plan::kGate: gate or the fused gate_up; plan::kUp
+  // with separate banks; plan::kDown): its kernels, each expert's weights and bias.
   Matmul mm_[3];
   std::vector<formats::MatrixRef> w_[3];
   std::vector<const uint16_t*> bias_[3];
@@ -79,12 +90,15 @@ class MoeLayer {
   int64_t ahead1_ = 1, ahead2_ = 1;  // calls between a read and its prefetch
   uint64_t expert_bytes_ = 0;        // weight + scale bytes of one expert
 
-  // Scratch sized once at construction.
-  std::vector<uint8_t> x_prep_;  // [max_tokens][x_stride(H)]: each token's prepared x
-  std::vector<uint16_t> x_rt_;   // ds_fp4: [H], one token's x after the e4m3 round trip
-  std::vector<uint8_t> x_grp_;   // [max_tokens * top_k][x_stride(H)]: x of each route, grouped (dedup)
-  std::vector<uint8_t> g_grp_;   // [max_tokens * top_k][x_stride(I)]: g of each route, grouped
-  size_t xelem_ = 4;
+  // Scratch sized once at construction. x is prepared in the layout of gate's
+  // kernels ([0]) and, when up's kernels want another one, of up's ([1]).
+  std::vector<uint8_t> x_prep_[2];     // [max_tokens][x_stride(H)]: each token's prepared x
+  std::vector<uint16_t> x_rt_;         // ds_fp4: [H], one token's x after the e4m3 round trip
+  std::vector<uint8_t> x_grp_[2];      // [max_tokens * top_k][x_stride(H)]: x of each route, grouped (dedup)
+  std::vector<uint8_t> g_grp_;         // [max_tokens * top_k][x_stride(I)]: g of each route, grouped
+  int x_sets_ = 1;                     // 2: up's kernels want x in another layout than gate's
+  size_t xvec_[2] = {0, 0};            // bytes of one prepared x vector of each set
+  size_t gvec_ = 0;                    // bytes of one prepared g vector (down's layout)
   std::vector<float> worker_scratch_;  // per worker: matmul scratch + pass buffers
   size_t worker_floats_ = 0;
   std::vector<int32_t> expert_count_;  // [E + 1] counting sort of routes by expert

@@ -19,7 +19,8 @@ struct ProjFormat {
   int32_t group_size = 0;  // the API's value: 0 = the format's default
 };
 
-// Where the kernels run.
+// Where the kernels run. Kernel flags also follow the CPU (kFlagNoVbmi without
+// AVX512_VBMI, jit::runtime_flags): the one input that is not the caller's.
 struct Target {
   jit::Isa isa = jit::Isa::avx2;
   int32_t threads = 1;   // workers of the context: row blocks keep every worker busy
@@ -74,6 +75,8 @@ inline int64_t call_end(const formats::Layout& l, int64_t r, int64_t end) {
 // or separate gate [I, H] and up [I, H] banks.
 enum class GateUp { concat, interleaved, separate };
 
+// What the plan of a MoE layer depends on. Validated: the K rules of each
+// projection, and ds_fp4 in every projection or none.
 struct MoeShape {
   ProjFormat gate, up, down;  // up is gate's with a fused gate_up
   int32_t hidden = 0, intermediate = 0, top_k = 1, max_tokens = 1;

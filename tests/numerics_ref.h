@@ -74,6 +74,11 @@ struct Mat {
 Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64_t pad, Fill fill, bool bias,
              Rng& rng, int32_t group = 0);
 
+// make_mat for the formats of a layer: ds_fp4 weights are mxfp4 bytes, drawn as
+// mxfp4 and labelled ds_fp4.
+Mat make_weights(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64_t pad, Fill fill,
+                 bool bias, Rng& rng, int32_t group = 0);
+
 std::vector<uint16_t> make_x(int64_t n, Fill fill, Rng& rng);
 
 double round_bf16(double v);    // round to nearest even in bf16, from a double (no double rounding)
@@ -89,6 +94,17 @@ std::vector<double> ds_roundtrip(const double* v, int64_t n);
 
 // ---------------------------------------------------------------- MoE
 
+// One projection's own format (0.2: up_format, down_format), when given.
+struct ProjSpec {
+  bool given = false;
+  moejit_format fmt = MOEJIT_FORMAT_BF16;
+  moejit_dtype sdt = MOEJIT_DTYPE_BF16;
+  int32_t group = 0;
+};
+inline ProjSpec proj(moejit_format fmt, moejit_dtype sdt = MOEJIT_DTYPE_BF16, int32_t group = 0) {
+  return {true, fmt, sdt, group};
+}
+
 struct MoeProblem {
   std::string name;
   moejit_format fmt = MOEJIT_FORMAT_BF16;
@@ -103,15 +119,21 @@ struct MoeProblem {
   int32_t group = 0;  // mxfp8 scale group (group_size; 0 = 32)
   Fill fill = Fill::exact;
   uint64_t seed = 1;
+  // 0.2: separate gate and up banks [I, H] instead of gate_up [2I, H], and the
+  // formats of up and down when given (else as gate: fmt, sdt, group).
+  bool separate = false;
+  ProjSpec up_format, down_format;
 };
 
 struct MoeData {
   MoeProblem p;
-  std::vector<Mat> gu, dn;
-  std::vector<moejit_matrix> gu_api, dn_api;
-  std::vector<uint16_t> x;   // [max_tokens, H]
-  std::vector<int32_t> ids;  // [max_tokens, top_k]
-  std::vector<float> w;      // [max_tokens, top_k]
+  std::vector<Mat> gu, dn;  // gu: the fused gate_up, or the gate bank when p.separate
+  std::vector<Mat> up;      // p.separate: the up bank
+  std::vector<moejit_matrix> gu_api, up_api, dn_api;
+  moejit_proj_format up_fmt{}, dn_fmt{};  // what desc() points up_format and down_format at
+  std::vector<uint16_t> x;                // [max_tokens, H]
+  std::vector<int32_t> ids;               // [max_tokens, top_k]
+  std::vector<float> w;                   // [max_tokens, top_k]
   moejit_moe_desc desc() const;
 };
 

@@ -1,7 +1,8 @@
 /* The public header compiled as strict C99 (-std=c99 -Wall -Wextra -Werror
  * -pedantic), every declared function referenced, the trivial ones called, the
  * structure layout pinned for the x86-64 System V ABI, and one small dense
- * layer run end to end. Exit status 0 = pass. */
+ * layer and one small MoE layer (separate, fused and 0.1-sized descriptors) run
+ * end to end. Exit status 0 = pass. */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,7 +41,15 @@ static void check_layout(void) {
   CHECK(offsetof(moejit_moe_desc, output_dtype) == 56);
   CHECK(offsetof(moejit_moe_desc, gate_up) == 64);
   CHECK(offsetof(moejit_moe_desc, down) == 72);
-  CHECK(sizeof(moejit_moe_desc) == 80);
+  /* Added in 0.2 after the 80 bytes of 0.1, which stay a valid struct_size. */
+  CHECK(offsetof(moejit_moe_desc, gate) == 80);
+  CHECK(offsetof(moejit_moe_desc, up) == 88);
+  CHECK(offsetof(moejit_moe_desc, up_format) == 96);
+  CHECK(offsetof(moejit_moe_desc, down_format) == 104);
+  CHECK(sizeof(moejit_moe_desc) == 112);
+  CHECK(offsetof(moejit_proj_format, scale_dtype) == 4);
+  CHECK(offsetof(moejit_proj_format, group_size) == 8);
+  CHECK(sizeof(moejit_proj_format) == 12);
   CHECK(offsetof(moejit_linear_desc, max_tokens) == 24);
   CHECK(offsetof(moejit_linear_desc, weight) == 32);
   CHECK(offsetof(moejit_linear_desc, output_dtype) == 72);
@@ -143,6 +152,74 @@ static void check_small_linear(void) {
   moejit_context_destroy(ctx);
 }
 
+/* One expert, H = 3, I = 2, bf16: separate gate and up banks with down's format
+ * given explicitly, the fused gate_up of the same rows, and the same descriptor
+ * with the 0.1 struct_size (the 0.2 fields then read as zero) give the same bits. */
+static void check_small_moe(void) {
+  static const uint16_t gate[6] = {0x3F80, 0x4000, 0xBF80, 0x3F00, 0x0000, 0x3F80};
+  static const uint16_t up[6] = {0x3F00, 0xBF80, 0x4000, 0x3F80, 0x3F80, 0x3F80};
+  static const uint16_t down[6] = {0x3F80, 0xC000, 0x3F00, 0x3F80, 0xBF80, 0x4040};
+  static const uint16_t x[3] = {0x3F80, 0x3F00, 0xBF80};
+  static const int32_t ids[1] = {0};
+  static const float weights[1] = {0.5f};
+  uint16_t gate_up[12];
+  float y_separate[3] = {0, 0, 0}, y_fused[3] = {0, 0, 0}, y_v1[3] = {0, 0, 0};
+  moejit_matrix mg, mu, mgu, md;
+  moejit_proj_format down_format;
+  moejit_context_desc cd;
+  moejit_moe_desc d;
+  moejit_context* ctx = NULL;
+  moejit_moe* moe = NULL;
+  memcpy(gate_up, gate, sizeof(gate));
+  memcpy(gate_up + 6, up, sizeof(up));
+  memset(&mg, 0, sizeof(mg));
+  mu = mgu = md = mg;
+  mg.data = gate;
+  mu.data = up;
+  mgu.data = gate_up;
+  md.data = down;
+  memset(&down_format, 0, sizeof(down_format));
+  down_format.format = MOEJIT_FORMAT_BF16;
+  memset(&cd, 0, sizeof(cd));
+  cd.struct_size = sizeof(cd);
+  cd.num_threads = 1;
+  CHECK(moejit_context_create(&cd, &ctx) == MOEJIT_OK);
+  if (!ctx) return;
+  memset(&d, 0, sizeof(d));
+  d.struct_size = sizeof(d);
+  d.format = MOEJIT_FORMAT_BF16;
+  d.hidden = 3;
+  d.intermediate = 2;
+  d.num_experts = 1;
+  d.top_k = 1;
+  d.max_tokens = 1;
+  d.activation = MOEJIT_ACT_SILU;
+  d.output_dtype = MOEJIT_DTYPE_F32;
+  d.gate = &mg;
+  d.up = &mu;
+  d.down = &md;
+  d.down_format = &down_format;
+  CHECK(moejit_moe_create(ctx, &d, &moe) == MOEJIT_OK);
+  if (moe) CHECK(moejit_moe_forward(moe, 1, x, ids, weights, y_separate) == MOEJIT_OK);
+  moejit_moe_destroy(moe);
+  moe = NULL;
+  d.gate = d.up = NULL;
+  d.down_format = NULL;
+  d.gate_up = &mgu;
+  CHECK(moejit_moe_create(ctx, &d, &moe) == MOEJIT_OK);
+  if (moe) CHECK(moejit_moe_forward(moe, 1, x, ids, weights, y_fused) == MOEJIT_OK);
+  moejit_moe_destroy(moe);
+  moe = NULL;
+  d.struct_size = (uint32_t)offsetof(moejit_moe_desc, gate);
+  CHECK(moejit_moe_create(ctx, &d, &moe) == MOEJIT_OK);
+  if (moe) CHECK(moejit_moe_forward(moe, 1, x, ids, weights, y_v1) == MOEJIT_OK);
+  moejit_moe_destroy(moe);
+  CHECK(y_separate[0] != 0.0f && y_separate[1] != 0.0f && y_separate[2] != 0.0f);
+  CHECK(memcmp(y_separate, y_fused, sizeof(y_fused)) == 0);
+  CHECK(memcmp(y_v1, y_fused, sizeof(y_fused)) == 0);
+  moejit_context_destroy(ctx);
+}
+
 int main(void) {
   /* Every declared function, by address. */
   const any_fn fns[] = {
@@ -160,6 +237,7 @@ int main(void) {
   check_enums();
   check_trivial_calls();
   check_small_linear();
+  check_small_moe();
   if (failures) {
     fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;

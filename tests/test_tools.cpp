@@ -481,7 +481,27 @@ struct LayerCase {
   const char* name;
   Format format;
   int32_t hidden, intermediate;
-  bool interleaved;
+  plan::GateUp form;
+  Format up, down;  // separate banks may give up its own format; any layer down's
+};
+
+// Zeroed storage for `experts` matrices [rows, k] of format f sharing one
+// buffer (the layer's kernels are generated at create: contents never read).
+struct BankStore {
+  std::vector<uint8_t> w, s;
+  std::vector<float> g;
+  std::vector<moejit_matrix> m;
+  BankStore(Format f, int64_t rows, int64_t k, int experts) {
+    namespace fm = moejit::formats;
+    w.resize(size_t(rows * fm::row_bytes(f, k)));
+    s.resize(
+        size_t(std::max<int64_t>(1, fm::scale_rows(f, rows) * fm::scale_cols(f, fm::default_group(f, 0), k) *
+                                        fm::scale_elem_bytes(f, fm::ScaleDtype::bf16))));
+    g.resize(size_t(rows));
+    const bool scaled = fm::has_block_scales(f);
+    m.assign(size_t(experts), moejit_matrix{w.data(), scaled ? s.data() : nullptr, 0,
+                                            fm::has_row_scales(f) ? g.data() : nullptr, nullptr});
+  }
 };
 
 class LayerPlan : public ::testing::TestWithParam<LayerCase> {};
@@ -503,15 +523,18 @@ TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
       ++tiers;
       SCOPED_TRACE(std::string(jit::isa_name(isa)) + (dedup ? " dedup" : " no dedup"));
       plan::MoeShape l;
-      l.gate = l.up = l.down = {c.format};
-      // Unique per tier: nothing cached yet (steps of 32 keep ds_fp4's K % 32).
-      const int32_t step = c.format == Format::ds_fp4 ? 32 : 1;
+      l.gate = {c.format};
+      l.up = {c.up};
+      l.down = {c.down};
+      // Unique per tier: nothing cached yet (steps of 32 keep the block formats' K % 32).
+      const auto any_k = [](Format f) { return f == Format::bf16 || f == Format::fp8_block; };
+      const int32_t step = any_k(c.format) && any_k(c.up) && any_k(c.down) ? 1 : 32;
       l.hidden = c.hidden + step * (int32_t(isa) * 2 + dedup);
       l.intermediate = c.intermediate + step * (int32_t(isa) * 2 + dedup);
       const int32_t experts = 4;
       l.top_k = 2;
       l.max_tokens = 3;
-      l.gate_up = c.interleaved ? plan::GateUp::interleaved : plan::GateUp::concat;
+      l.gate_up = c.form;
       plan::Target t;
       t.dedup = dedup == 1;
       t.threads = 1 + dedup;  // the down row block depends on the worker count
@@ -531,29 +554,29 @@ TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
       ASSERT_EQ(moejit_context_create(&cd, &ctx), MOEJIT_OK) << moejit_last_error();
       ASSERT_EQ(moejit_context_isa(ctx), moejit_isa(isa));
       const int64_t H = l.hidden, I = l.intermediate;
-      const moejit::formats::Format f = c.format;
-      std::vector<uint8_t> gu_w(size_t(2 * I * moejit::formats::row_bytes(f, H))),
-          dn_w(size_t(H * moejit::formats::row_bytes(f, I)));
-      std::vector<uint8_t> gu_s(size_t(std::max<int64_t>(
-          1, moejit::formats::scale_rows(f, 2 * I) * moejit::formats::scale_cols(f, 128, H) * 2))),
-          dn_s(size_t(std::max<int64_t>(
-              1, moejit::formats::scale_rows(f, H) * moejit::formats::scale_cols(f, 128, I) * 2)));
-      const bool scaled = moejit::formats::has_block_scales(f);
-      std::vector<moejit_matrix> gu(
-          4, moejit_matrix{gu_w.data(), scaled ? gu_s.data() : nullptr, 0, nullptr, nullptr});
-      std::vector<moejit_matrix> dn(
-          4, moejit_matrix{dn_w.data(), scaled ? dn_s.data() : nullptr, 0, nullptr, nullptr});
+      const bool separate = c.form == plan::GateUp::separate;
+      BankStore gate(c.format, separate ? I : 2 * I, H, experts), up(c.up, I, H, experts),
+          down(c.down, H, I, experts);
+      const moejit_proj_format up_format{moejit_format(c.up), MOEJIT_DTYPE_BF16, 0};
+      const moejit_proj_format down_format{moejit_format(c.down), MOEJIT_DTYPE_BF16, 0};
       moejit_moe_desc d{};
       d.struct_size = sizeof(d);
-      d.format = moejit_format(f);
+      d.format = moejit_format(c.format);
       d.hidden = l.hidden;
       d.intermediate = l.intermediate;
       d.num_experts = experts;
       d.top_k = l.top_k;
       d.max_tokens = l.max_tokens;
-      d.gate_up_interleaved = c.interleaved;
-      d.gate_up = gu.data();
-      d.down = dn.data();
+      d.gate_up_interleaved = c.form == plan::GateUp::interleaved;
+      if (separate) {
+        d.gate = gate.m.data();
+        d.up = up.m.data();
+        d.up_format = &up_format;
+      } else {
+        d.gate_up = gate.m.data();
+      }
+      d.down = down.m.data();
+      d.down_format = &down_format;
       moejit_moe* moe = nullptr;
       ASSERT_EQ(moejit_moe_create(ctx, &d, &moe), MOEJIT_OK) << moejit_last_error();
       const std::set<std::string> dumped = files_with_suffix(dir, ".bin");
@@ -567,17 +590,32 @@ TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
   if (tiers == 0) GTEST_SKIP() << "no JIT tier on this CPU";
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, LayerPlan,
-                         ::testing::Values(LayerCase{"fp8_concat", Format::fp8_block, 1056, 200, false},
-                                           LayerCase{"fp8_interleaved", Format::fp8_block, 520, 136, true},
-                                           LayerCase{"bf16_concat", Format::bf16, 264, 72, false},
-                                           LayerCase{"bf16_interleaved", Format::bf16, 136, 40, true},
-                                           // ds_fp4: the mxfp4 kernels, pass-1 blocks of 128 rows of I
-                                           LayerCase{"ds_fp4_concat", Format::ds_fp4, 2880, 288, false},
-                                           LayerCase{"ds_fp4_interleaved", Format::ds_fp4, 320, 160, true}),
-                         [](const ::testing::TestParamInfo<LayerCase>& i) {
-                           return std::string(i.param.name);
-                         });
+constexpr auto kConcat = plan::GateUp::concat, kInterleaved = plan::GateUp::interleaved,
+               kSeparate = plan::GateUp::separate;
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, LayerPlan,
+    ::testing::Values(
+        LayerCase{"fp8_concat", Format::fp8_block, 1056, 200, kConcat, Format::fp8_block, Format::fp8_block},
+        LayerCase{"fp8_interleaved", Format::fp8_block, 520, 136, kInterleaved, Format::fp8_block,
+                  Format::fp8_block},
+        LayerCase{"bf16_concat", Format::bf16, 264, 72, kConcat, Format::bf16, Format::bf16},
+        LayerCase{"bf16_interleaved", Format::bf16, 136, 40, kInterleaved, Format::bf16, Format::bf16},
+        // ds_fp4: the mxfp4 kernels, pass-1 blocks of 128 rows of I
+        LayerCase{"ds_fp4_concat", Format::ds_fp4, 2880, 288, kConcat, Format::ds_fp4, Format::ds_fp4},
+        LayerCase{"ds_fp4_interleaved", Format::ds_fp4, 320, 160, kInterleaved, Format::ds_fp4,
+                  Format::ds_fp4},
+        // 0.2: separate banks and a format per projection, each with kernels of its own
+        LayerCase{"separate_fp8", Format::fp8_block, 1088, 232, kSeparate, Format::fp8_block,
+                  Format::fp8_block},
+        LayerCase{"separate_q8_0_bf16_mxfp4", Format::q8_0, 2112, 416, kSeparate, Format::bf16,
+                  Format::mxfp4},
+        LayerCase{"separate_ds_fp4", Format::ds_fp4, 2944, 352, kSeparate, Format::ds_fp4, Format::ds_fp4},
+        LayerCase{"concat_fp8_bf16_down", Format::fp8_block, 1120, 264, kConcat, Format::fp8_block,
+                  Format::bf16},
+        LayerCase{"interleaved_mxfp4_q4_0_down", Format::mxfp4, 448, 192, kInterleaved, Format::mxfp4,
+                  Format::q4_0}),
+    [](const ::testing::TestParamInfo<LayerCase>& i) { return std::string(i.param.name); });
 
 // ---- the tools as subprocesses ----
 
@@ -646,6 +684,21 @@ TEST(DumpTool, JsonRawAndLayer) {
   std::string expect;
   for (const auto& k : plan::moe_plan(l, t).keys()) expect += k.name() + "\n";
   EXPECT_EQ(r.out, expect);
+  // Separate banks, each projection in its own format.
+  r = run(MOEJIT_DUMP_EXE,
+          "--layer --format q8_0 --gate-up separate --up-format bf16 --down-format mxfp4 --hidden 2048 "
+          "--intermediate 768 --experts 128 --top-k 8 --list --threads 2");
+  ASSERT_EQ(r.code, 0) << r.err;
+  l.gate = {Format::q8_0};
+  l.up = {Format::bf16};
+  l.down = {Format::mxfp4};
+  l.gate_up = plan::GateUp::separate;
+  t.threads = 2;
+  expect.clear();
+  for (const auto& k : plan::moe_plan(l, t).keys()) expect += k.name() + "\n";
+  EXPECT_EQ(r.out, expect);
+  for (const char* f : {"q8_0_k2048", "bf16_k2048", "mxfp4_k768"})
+    EXPECT_NE(r.out.find(f), std::string::npos) << f << " kernels missing:\n" << r.out;
   r = run(MOEJIT_DUMP_EXE,
           "--layer --format fp8_block --hidden 2048 --intermediate 768 --experts 128 --top-k 8 "
           "--list",
@@ -671,6 +724,11 @@ TEST(DumpTool, BadArgumentsAndUnsupportedRequestsFailWithOneLine) {
       {"--format bf16 --list", 2},
       {"--layer --format bf16 --hidden 64 --intermediate 64 --experts 2 --top-k 3", 2},
       {"--layer --format bf16 --hidden 64 --intermediate 64 --experts 2 --top-k 1 --gate-up zip", 2},
+      {"--layer --format bf16 --hidden 64 --intermediate 64 --experts 2 --top-k 1 --up-format q8_0", 2},
+      {"--layer --format bf16 --hidden 64 --intermediate 64 --experts 2 --top-k 1 --down-format zip", 2},
+      {"--layer --format bf16 --hidden 64 --intermediate 40 --experts 2 --top-k 1 --down-format q8_0", 2},
+      {"--layer --format mxfp4 --hidden 64 --intermediate 64 --experts 2 --top-k 1 --down-format ds_fp4", 2},
+      {"--format bf16 --k 64 --rows 1 --tokens 1 --down-format q8_0", 2},
       {"--format bf16 --k 64 --rows 1 --tokens 1 --isa scalar", 1},
       {"--format bf16 --k 64 --rows 1 --tokens 99", 1},
       {"--format fp8_block --k 64 --rows 129 --tokens 1", 1},

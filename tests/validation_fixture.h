@@ -94,6 +94,53 @@ struct MoeSetup {
   }
 };
 
+// Separate gate and up banks [I, H] and down [H, I] (0.2), each projection in its
+// own format: up_format and down_format point at up_fmt and down_fmt.
+struct SplitSetup {
+  moejit_moe_desc base{};
+  moejit_proj_format up_fmt{}, down_fmt{};
+  std::vector<Store> g_store, u_store, d_store;
+
+  SplitSetup(moejit_format gate, moejit_format up, moejit_format down, int H, int I, int E) {
+    for (int e = 0; e < E; ++e) {
+      g_store.emplace_back(gate, MOEJIT_DTYPE_BF16, 32, int64_t(I), H);
+      u_store.emplace_back(up, MOEJIT_DTYPE_BF16, 32, int64_t(I), H);
+      d_store.emplace_back(down, MOEJIT_DTYPE_BF16, 32, H, I);
+    }
+    std::memset(&base, 0, sizeof(base));
+    base.struct_size = sizeof(base);
+    base.format = gate;
+    base.hidden = H;
+    base.intermediate = I;
+    base.num_experts = E;
+    base.top_k = 2;
+    base.max_tokens = 4;
+    base.activation = MOEJIT_ACT_SILU;
+    base.output_dtype = MOEJIT_DTYPE_BF16;
+    up_fmt.format = up;
+    down_fmt.format = down;
+  }
+  static std::vector<moejit_matrix> matrices(const std::vector<Store>& st) {
+    std::vector<moejit_matrix> v;
+    for (auto& s : st) v.push_back(s.m);
+    return v;
+  }
+};
+
+// The banks and formats of one SplitSetup case, wired into `desc` before `mutate` runs.
+struct SplitDesc {
+  moejit_moe_desc desc;
+  std::vector<moejit_matrix> gate, up, down;
+  moejit_proj_format up_fmt, down_fmt;
+};
+
+struct SplitCase {
+  std::string name;
+  std::function<void(SplitDesc&)> mutate;
+  moejit_status want;
+  std::string arg;  // expected in the message ("" = only the function prefix)
+};
+
 using MoeMutator =
     std::function<void(moejit_moe_desc&, std::vector<moejit_matrix>&, std::vector<moejit_matrix>&)>;
 
@@ -123,6 +170,37 @@ class Validation : public ::testing::Test {
       c.mutate(d, gu, dn);
       moejit_moe* out = reinterpret_cast<moejit_moe*>(uintptr_t(0x10));
       const moejit_status st = moejit_moe_create(ctx_, &d, &out);
+      EXPECT_EQ(st, c.want) << "got " << sname(st) << ", message \"" << last_error() << "\"";
+      if (c.want != MOEJIT_OK) {
+        EXPECT_EQ(out, nullptr) << "*out must be NULL after a failure";
+        if (st != MOEJIT_OK) {
+          EXPECT_TRUE(message_names("moejit_moe_create", c.arg));
+        }
+      } else {
+        EXPECT_NE(out, nullptr);
+      }
+      if (st == MOEJIT_OK && out && out != reinterpret_cast<moejit_moe*>(uintptr_t(0x10)))
+        moejit_moe_destroy(out);
+    }
+  }
+
+  void run_split_cases(const SplitSetup& s, const std::vector<SplitCase>& cases) {
+    for (const SplitCase& c : cases) {
+      SCOPED_TRACE("case: " + c.name);
+      SplitDesc sd{s.base,
+                   SplitSetup::matrices(s.g_store),
+                   SplitSetup::matrices(s.u_store),
+                   SplitSetup::matrices(s.d_store),
+                   s.up_fmt,
+                   s.down_fmt};
+      sd.desc.gate = sd.gate.data();
+      sd.desc.up = sd.up.data();
+      sd.desc.down = sd.down.data();
+      sd.desc.up_format = &sd.up_fmt;
+      sd.desc.down_format = &sd.down_fmt;
+      c.mutate(sd);
+      moejit_moe* out = reinterpret_cast<moejit_moe*>(uintptr_t(0x10));
+      const moejit_status st = moejit_moe_create(ctx_, &sd.desc, &out);
       EXPECT_EQ(st, c.want) << "got " << sname(st) << ", message \"" << last_error() << "\"";
       if (c.want != MOEJIT_OK) {
         EXPECT_EQ(out, nullptr) << "*out must be NULL after a failure";

@@ -19,7 +19,8 @@ void require(bool ok, const std::string& why) {
 // Raw command-line values; `make_config` layers them over the preset (explicit options win).
 struct Args {
   bool demo = false, csv = false, json = false, bias = false, hot = false, progress = false, probe = false;
-  std::string preset = "qwen3-30b-a3b", activation, gate_up, scale_dtype, output_dtype, read_variant = "best";
+  std::string preset = "qwen3-30b-a3b", activation, gate_up, layout, scale_dtype, output_dtype,
+              read_variant = "best";
   std::string dedup = "on", routing = "uniform", peer = "none", plot, profile;
   int32_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, group_size = 0, warmup = 3, probe_passes = 5;
   int64_t l3_bytes = 0;
@@ -84,6 +85,10 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--swiglu-alpha", a.swiglu_alpha, "swiglu alpha (0 = 1.702)");
   app.add_option("--swiglu-limit", a.swiglu_limit, "swiglu clamp limit (0 = none)");
   app.add_option("--gate-up", a.gate_up, "gate_up row order: concat|interleaved");
+  app.add_option(
+      "--layout", a.layout,
+      "fused (one gate_up matrix per expert) | separate (gate and up banks of their own, as GGUF and "
+      "Hugging Face checkpoints hold them; a preset's interleaving does not apply)");
   app.add_flag("--bias,!--no-bias", a.bias, "bf16 biases on gate_up and down");
   app.add_option("--group-size", a.group_size, "mxfp8 scale group: 0 (=32), 32, 64, 128");
   app.add_option("--scale-dtype", a.scale_dtype, "fp8_block scale type: bf16|f32");
@@ -138,6 +143,14 @@ Geometry apply_geometry(const CLI::App& app, const Args& a, const Preset& p) {
             "--gate-up: '" + a.gate_up + "' is not concat or interleaved");
     g.interleaved = a.gate_up == "interleaved";
   }
+  if (app.count("--layout")) {
+    require(a.layout == "fused" || a.layout == "separate",
+            "--layout: '" + a.layout + "' is not fused or separate");
+    g.separate = a.layout == "separate";
+    require(!(g.separate && app.count("--gate-up") && g.interleaved),
+            "--gate-up interleaved orders the rows of a fused gate_up: not with --layout separate");
+    if (g.separate) g.interleaved = false;
+  }
   if (app.count("--bias") || app.count("--no-bias")) g.bias = a.bias;
   if (app.count("--group-size")) g.group_size = a.group_size;
   if (app.count("--scale-dtype")) g.scale_dtype = parse_dtype(a.scale_dtype, "--scale-dtype");
@@ -181,6 +194,8 @@ void apply_sweeps(const CLI::App& app, const Args& a, Config* c) {
   c->zipf_s = a.zipf_s;
   require(a.peer == "none" || a.peer == "onednn", "--peer: '" + a.peer + "' is not none or onednn");
   c->peer = a.peer == "onednn" ? PeerKind::onednn : PeerKind::none;
+  require(!(c->peer == PeerKind::onednn && c->geometry.separate),
+          "--peer onednn multiplies a fused gate_up: not with --layout separate");
   std::string why;
   require(peer_available(c->peer, &why), "--peer " + a.peer + ": " + why);
 }
@@ -301,6 +316,7 @@ std::string repro(const Config& c, moejit_format f, int32_t tokens, int32_t thre
   if (g.swiglu_alpha != 0) s += " --swiglu-alpha " + number(g.swiglu_alpha);
   if (g.swiglu_limit != 0) s += " --swiglu-limit " + number(g.swiglu_limit);
   if (g.interleaved) s += " --gate-up interleaved";
+  if (g.separate) s += " --layout separate";
   if (g.bias) s += " --bias";
   const bool mx8 = f == MOEJIT_FORMAT_MXFP8_E4M3 || f == MOEJIT_FORMAT_MXFP8_E5M2;
   if (mx8 && g.group_size) s += " --group-size " + std::to_string(g.group_size);

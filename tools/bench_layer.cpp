@@ -134,8 +134,10 @@ MatrixBytes matrix_bytes(moejit_format f, const Geometry& g, int64_t rows, int64
 }
 
 int64_t expert_bytes(moejit_format f, const Geometry& g) {
-  return matrix_bytes(f, g, 2 * int64_t(g.intermediate), g.hidden).total() +
-         matrix_bytes(f, g, g.hidden, g.intermediate).total();
+  // Separate banks: two [I, H] matrices (fp8_block's 128-row scale blocks per bank).
+  const int64_t gate_up = g.separate ? 2 * matrix_bytes(f, g, g.intermediate, g.hidden).total()
+                                     : matrix_bytes(f, g, 2 * int64_t(g.intermediate), g.hidden).total();
+  return gate_up + matrix_bytes(f, g, g.hidden, g.intermediate).total();
 }
 
 double bytes_per_weight(moejit_format f, const Geometry& g) {
@@ -205,8 +207,9 @@ Layer::Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing,
       backing_(backing > 0 ? std::min(backing, slots_) : slots_),
       ring_(size_t(slots_)),
       slot_of_(size_t(g.experts), -1) {
-  const int64_t two_i = 2 * int64_t(g.intermediate);
-  gate_up_ = MatrixBank(f, g, two_i, g.hidden, slots_, backing_, seed * 4 + 1);
+  const int64_t gate_rows = g.separate ? int64_t(g.intermediate) : 2 * int64_t(g.intermediate);
+  gate_up_ = MatrixBank(f, g, gate_rows, g.hidden, slots_, backing_, seed * 4 + 1);
+  if (g.separate) up_ = MatrixBank(f, g, g.intermediate, g.hidden, slots_, backing_, seed * 4 + 3);
   down_ = MatrixBank(f, g, g.hidden, g.intermediate, slots_, backing_, seed * 4 + 2);
   std::iota(ring_.begin(), ring_.end(), 0);
   Rng rng(seed * 4 + 3);
@@ -248,10 +251,15 @@ moejit_moe_desc Layer::desc(int32_t max_tokens) const {
   d.activation = geometry_.activation;
   d.swiglu_alpha = geometry_.swiglu_alpha;
   d.swiglu_limit = geometry_.swiglu_limit;
-  d.gate_up_interleaved = geometry_.interleaved ? 1 : 0;
+  d.gate_up_interleaved = geometry_.interleaved && !geometry_.separate ? 1 : 0;
   d.router_weight_on_input = 0;
   d.output_dtype = geometry_.output_dtype;
-  d.gate_up = gate_up_.data();
+  if (geometry_.separate) {
+    d.gate = gate_up_.data();
+    d.up = up_.data();
+  } else {
+    d.gate_up = gate_up_.data();
+  }
   d.down = down_.data();
   return d;
 }

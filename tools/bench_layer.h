@@ -25,6 +25,7 @@ struct Geometry {
   float swiglu_alpha = 0.0f;                     // 0 = library default 1.702
   float swiglu_limit = 0.0f;                     // 0 = no clamp
   bool interleaved = false;                      // gate_up rows interleaved (gpt-oss) instead of concatenated
+  bool separate = false;                         // gate and up in banks of their own (--layout separate)
   bool bias = false;                             // bf16 biases on gate_up and down
   int32_t group_size = 0;                        // mxfp8 only: 0 (= 32), 32, 64, 128
   moejit_dtype scale_dtype = MOEJIT_DTYPE_BF16;  // fp8_block only
@@ -49,7 +50,8 @@ struct MatrixBytes {
 };
 MatrixBytes matrix_bytes(moejit_format f, const Geometry& g, int64_t rows, int64_t k);
 
-// Weight + scale bytes of one expert (gate_up [2I, H] and down [H, I]); biases not counted.
+// Weight + scale bytes of one expert (gate_up [2I, H], or gate and up [I, H] each, and down [H, I]);
+// biases not counted.
 int64_t expert_bytes(moejit_format f, const Geometry& g);
 double bytes_per_weight(moejit_format f, const Geometry& g);
 
@@ -85,11 +87,12 @@ class MatrixBank {
   std::vector<moejit_matrix> matrices_;
 };
 
-// A layer's weights: gate_up [S][2I, H] and down [S][H, I] banks over S = `slots` expert slots
-// (0: the model's experts, S >= g.experts). `backing` > 0 stores only that many experts and
-// points slot s at copy s % backing: the same routing and plan as the full layer over a working
-// set small enough to stay cached (--hot). The moejit layer it describes has S experts; place()
-// maps a call's routes over the model's experts onto them.
+// A layer's weights: gate_up [S][2I, H] (or, with g.separate, gate [S][I, H] and up [S][I, H])
+// and down [S][H, I] banks over S = `slots` expert slots (0: the model's experts, S >=
+// g.experts). `backing` > 0 stores only that many experts and points slot s at copy s % backing:
+// the same routing and plan as the full layer over a working set small enough to stay cached
+// (--hot). The moejit layer it describes has S experts; place() maps a call's routes over the
+// model's experts onto them.
 class Layer {
  public:
   Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing = 0, int32_t slots = 0);
@@ -101,6 +104,7 @@ class Layer {
   int64_t huge_page_bytes() const;
   moejit_format format() const { return format_; }
   const Geometry& geometry() const { return geometry_; }
+  // The fused gate_up of expert e (the gate bank's matrix when the geometry is separate).
   const moejit_matrix& gate_up(int32_t e) const { return gate_up_[e]; }
   const moejit_matrix& down(int32_t e) const { return down_[e]; }
 
@@ -117,7 +121,7 @@ class Layer {
   Geometry geometry_;
   int32_t slots_;
   int32_t backing_;
-  MatrixBank gate_up_, down_;
+  MatrixBank gate_up_, up_, down_;        // gate_up_ is the gate bank when separate
   std::vector<int32_t> ring_;             // every slot once, in a fixed random order
   mutable size_t cursor_ = 0;             // next position in ring_
   mutable std::vector<int32_t> slot_of_;  // per model expert: its slot in the current call, -1

@@ -49,6 +49,7 @@ class ProfileReporter : public Reporter {
               {"top_k", g.top_k},
               {"activation", activation_label(g.activation)},
               {"gate_up_interleaved", g.interleaved},
+              {"layout", g.separate ? "separate" : "fused"},
               {"bias", g.bias}}},
             {"routing", routing_label(run.routing)},
             {"dedup", run.dedup != DedupMode::off}};

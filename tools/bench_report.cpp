@@ -174,6 +174,7 @@ class JsonReporter : public Reporter {
                      {"swiglu_alpha", g.swiglu_alpha},
                      {"swiglu_limit", g.swiglu_limit},
                      {"gate_up_interleaved", g.interleaved},
+                     {"layout", g.separate ? "separate" : "fused"},
                      {"bias", g.bias},
                      {"group_size", g.group_size},
                      {"scale_dtype", g.scale_dtype == MOEJIT_DTYPE_F32 ? "f32" : "bf16"},
@@ -311,7 +312,9 @@ std::string describe(const Geometry& g) {
                   activation_label(g.activation);
   if (g.swiglu_alpha != 0.0f) s += " alpha=" + strf("%g", g.swiglu_alpha);
   if (g.swiglu_limit != 0.0f) s += " limit=" + strf("%g", g.swiglu_limit);
-  s += g.interleaved ? ", gate_up interleaved" : ", gate_up concatenated";
+  s += g.separate      ? ", gate and up separate"
+       : g.interleaved ? ", gate_up interleaved"
+                       : ", gate_up concatenated";
   s += g.bias ? ", biases" : ", no bias";
   if (g.group_size) s += ", mxfp8 group " + std::to_string(g.group_size);
   if (g.scale_dtype == MOEJIT_DTYPE_F32) s += ", fp8_block f32 scales";

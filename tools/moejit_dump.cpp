@@ -34,12 +34,12 @@ struct Failure {
 
 [[noreturn]] void fail(int code, const std::string& why) { throw Failure{code, why}; }
 
-Format parse_format(const std::string& s) {
+Format parse_format(const std::string& s, const char* option = "--format") {
   Format f;
   if (moejit::formats::format_from_name(s.c_str(), &f)) return f;
   for (int32_t id = 0; id <= moejit::formats::kMaxFormatId; ++id)
     if (s == std::to_string(id)) return Format(id);
-  fail(2, "--format " + s + " is not a format name or id (bf16, fp8_block, ... or 0.." +
+  fail(2, std::string(option) + " " + s + " is not a format name or id (bf16, fp8_block, ... or 0.." +
               std::to_string(moejit::formats::kMaxFormatId) + ")");
 }
 
@@ -84,9 +84,12 @@ void check_scalar(Isa isa) {
   if (isa == Isa::scalar) fail(1, "the scalar tier runs portable C++ (formats/), it has no generated code");
 }
 
-void check_no_vbmi(bool no_vbmi, Format f, Isa isa) {
-  if (no_vbmi && !moejit::jit::needs_vbmi(isa, int32_t(f), 0))
-    fail(2, "--no-vbmi applies only to 8-bit formats and q4_0 on avx512_bf16");
+// --no-vbmi needs a kernel whose decode would use AVX512_VBMI (one of a layer's formats).
+void check_no_vbmi(bool no_vbmi, std::initializer_list<Format> formats, Isa isa) {
+  if (!no_vbmi) return;
+  for (Format f : formats)
+    if (moejit::jit::needs_vbmi(isa, int32_t(moejit::formats::kernel_format(f)), 0)) return;
+  fail(2, "--no-vbmi applies only to 8-bit formats and q4_0 on avx512_bf16");
 }
 
 std::shared_ptr<const moejit::jit::Kernel> generate(const moejit::jit::KernelKey& key) {
@@ -134,6 +137,7 @@ void write_raw(const moejit::jit::Kernel& k, const std::string& path) {
 
 struct Args {
   std::string format, isa = "auto", scale_dtype = "bf16", raw, out_dir, gate_up = "concat";
+  std::string up_format, down_format;  // layer: "" = as --format
   int64_t k = 0, scale_stride = 0;
   int32_t rows = 0, tokens = 0, group_size = 0;
   int32_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, max_tokens = 1, threads = 0;
@@ -148,8 +152,10 @@ int affinity_cpus() {
   return std::max(1, CPU_COUNT(&mask));
 }
 
-// Checks the shape the way moejit_moe_create does (sizes, K rule); *why if not.
-bool layer_valid(const Args& a, Format f, std::string* why) {
+// Checks the shape the way moejit_moe_create does (sizes, each projection's K
+// rule: H for gate and up, I for down; ds_fp4 in every projection or none);
+// *why if not.
+bool layer_valid(const Args& a, const plan::MoeShape& l, std::string* why) {
   const struct {
     const char* name;
     int32_t v;
@@ -171,15 +177,25 @@ bool layer_valid(const Args& a, Format f, std::string* why) {
     *why = "max-tokens times top-k is too large";
     return false;
   }
-  const int32_t group = moejit::formats::default_group(f, a.group_size);
-  const char* w = "";
-  if (!moejit::formats::k_is_valid(f, group, a.hidden, &w)) {
-    *why = "hidden = " + std::to_string(a.hidden) + " " + w;
+  const auto ds = [](const plan::ProjFormat& p) { return p.format == Format::ds_fp4; };
+  if (ds(l.gate) != ds(l.up) || ds(l.gate) != ds(l.down)) {
+    *why = "ds_fp4's activation numerics apply to the whole layer: every projection is ds_fp4 or none is";
     return false;
   }
-  if (!moejit::formats::k_is_valid(f, group, a.intermediate, &w)) {
-    *why = "intermediate = " + std::to_string(a.intermediate) + " " + w;
-    return false;
+  const struct {
+    const char* what;
+    const plan::ProjFormat& f;
+    int32_t k;
+  } rules[] = {
+      {"hidden", l.gate, a.hidden}, {"hidden", l.up, a.hidden}, {"intermediate", l.down, a.intermediate}};
+  for (const auto& r : rules) {
+    const char* w = "";
+    if (!moejit::formats::k_is_valid(r.f.format, moejit::formats::default_group(r.f.format, r.f.group_size),
+                                     r.k, &w)) {
+      *why = std::string(r.what) + " = " + std::to_string(r.k) + " " + w + " (format " +
+             moejit::formats::format_name(r.f.format) + ")";
+      return false;
+    }
   }
   return true;
 }
@@ -210,15 +226,27 @@ int run_single(const Args& a, Format f, Isa isa) {
 
 int run_layer(const Args& a, Format f, Isa isa) {
   if (!a.raw.empty()) fail(2, "--raw writes one kernel; use --out-dir with --layer");
-  if (a.gate_up != "concat" && a.gate_up != "interleaved")
-    fail(2, "--gate-up " + a.gate_up + " must be concat or interleaved");
+  if (a.gate_up != "concat" && a.gate_up != "interleaved" && a.gate_up != "separate")
+    fail(2, "--gate-up " + a.gate_up + " must be concat, interleaved or separate");
+  const bool separate = a.gate_up == "separate";
+  if (!a.up_format.empty() && !separate)
+    fail(2, "--up-format needs --gate-up separate (a fused gate_up is one matrix in one format)");
+  const moejit::formats::ScaleDtype sdt = parse_scale_dtype(a.scale_dtype);
   plan::MoeShape l;
-  l.gate = l.up = l.down = {f, parse_scale_dtype(a.scale_dtype), a.group_size};
+  l.gate = {f, sdt, a.group_size};
+  l.up = a.up_format.empty() ? l.gate
+                             : plan::ProjFormat{parse_format(a.up_format, "--up-format"), sdt, a.group_size};
+  l.down = a.down_format.empty()
+               ? l.gate
+               : plan::ProjFormat{parse_format(a.down_format, "--down-format"), sdt, a.group_size};
+  check_no_vbmi(a.no_vbmi, {l.gate.format, l.up.format, l.down.format}, isa);
   l.hidden = a.hidden;
   l.intermediate = a.intermediate;
   l.top_k = a.top_k;
   l.max_tokens = a.max_tokens;
-  l.gate_up = a.gate_up == "interleaved" ? plan::GateUp::interleaved : plan::GateUp::concat;
+  l.gate_up = separate                     ? plan::GateUp::separate
+              : a.gate_up == "interleaved" ? plan::GateUp::interleaved
+                                           : plan::GateUp::concat;
   plan::Target target;
   const char* dedup_env = std::getenv("MOEJIT_DEDUP");
   target.dedup = !a.no_dedup && !(dedup_env && std::strcmp(dedup_env, "0") == 0);
@@ -227,7 +255,7 @@ int run_layer(const Args& a, Format f, Isa isa) {
   if (a.threads < 0) fail(2, "--threads must be >= 0");
   target.threads = a.threads > 0 ? a.threads : affinity_cpus();
   std::string why;
-  if (!layer_valid(a, f, &why)) fail(2, why);
+  if (!layer_valid(a, l, &why)) fail(2, why);
   const plan::MoePlan p = plan::moe_plan(l, target);
   const std::vector<moejit::jit::KernelKey> keys = p.keys();
   // Check every key before printing anything, so an unsupported layer prints one line.
@@ -260,6 +288,8 @@ int run_layer(const Args& a, Format f, Isa isa) {
   if (a.json)
     std::printf("%s\n", json{{"layer",
                               {{"format", moejit::formats::format_name(f)},
+                               {"up_format", moejit::formats::format_name(l.up.format)},
+                               {"down_format", moejit::formats::format_name(l.down.format)},
                                {"hidden", l.hidden},
                                {"intermediate", l.intermediate},
                                {"experts", a.experts},
@@ -291,7 +321,8 @@ int main(int argc, char** argv) {
   app.add_option("--tokens", a.tokens, "tokens per call (single kernel)");
   app.add_option("--isa", a.isa, "auto (host tier capped by MOEJIT_MAX_ISA), avx2, avx512, avx512_bf16")
       ->capture_default_str();
-  app.add_option("--scale-dtype", a.scale_dtype, "fp8_block scales: bf16 or f32")->capture_default_str();
+  app.add_option("--scale-dtype", a.scale_dtype, "fp8_block scales: bf16 or f32 (every fp8_block projection)")
+      ->capture_default_str();
   app.add_option("--scale-stride", a.scale_stride,
                  "scale elements between scale rows, 0 = dense (not part of fp8_block keys)")
       ->capture_default_str();
@@ -309,7 +340,11 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", a.top_k, "layer: experts per token");
   app.add_option("--max-tokens", a.max_tokens, "layer: largest tokens per forward call")
       ->capture_default_str();
-  app.add_option("--gate-up", a.gate_up, "layer: concat or interleaved gate/up rows")->capture_default_str();
+  app.add_option("--gate-up", a.gate_up,
+                 "layer: concat or interleaved rows of one gate_up matrix, or separate gate and up banks")
+      ->capture_default_str();
+  app.add_option("--up-format", a.up_format, "layer, separate banks: up's format (default: --format)");
+  app.add_option("--down-format", a.down_format, "layer: down's format (default: --format)");
   app.add_option("--threads", a.threads,
                  "layer: worker threads of the context, 0 = CPUs of the affinity mask (the down row block "
                  "depends on it)")
@@ -328,8 +363,10 @@ int main(int argc, char** argv) {
     const Format f = parse_format(a.format);
     const Isa isa = resolve_isa(a.isa);
     check_scalar(isa);
-    check_no_vbmi(a.no_vbmi, f, isa);
+    if (!a.layer) check_no_vbmi(a.no_vbmi, {f}, isa);
     if (a.list && !a.layer) fail(2, "--list needs --layer");
+    if (!a.layer && (!a.up_format.empty() || !a.down_format.empty()))
+      fail(2, "--up-format and --down-format need --layer");
     if (!a.layer && (a.hidden || a.intermediate || a.experts || a.top_k))
       fail(2, "--hidden, --intermediate, --experts and --top-k need --layer");
     if (a.layer && (a.k || a.rows || a.tokens)) fail(2, "--k, --rows and --tokens are not used with --layer");

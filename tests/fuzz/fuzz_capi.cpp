@@ -2,6 +2,10 @@
 // from the fuzz input (valid and invalid fields mixed), create, forward/submit
 // calls with valid and invalid arguments, destroy.
 //
+// MoE descriptors cover the 0.2 fields too: separate gate and up banks, up's and
+// down's own formats (mixed formats, ds_fp4 in some projections only), broken
+// bank forms, and 0.1 callers whose descriptor is the 80 bytes up to `down`.
+//
 // The harness keeps its own model of the validation rules of docs/API.md and
 // checks every status against it: invalid -> INVALID_ARGUMENT (before
 // UNSUPPORTED), a valid MoE descriptor whose experts' scale strides differ
@@ -14,7 +18,8 @@
 //
 // Successful calls are checked for determinism: the same layer on a context of
 // the same tier with another thread count and dedup setting, and a second call
-// through the other entry point (forward vs submit + wait), give the same bits.
+// through the other entry point (forward vs submit + wait), give the same bits;
+// the stats count the calls, routes and each projection's bytes.
 #include <sched.h>
 #include <strings.h>
 
@@ -27,84 +32,13 @@
 #include <string>
 #include <vector>
 
+#include "capi_model.h"
 #include "fuzz_util.h"
 #include "moejit.h"
 
 namespace {
 
-using fuzz::Guarded;
-using fuzz::Reader;
-
-// ---------------------------------------------------------------- rules of docs/API.md and FORMATS.md
-
-constexpr int kFormats = 9;
-// Every format has kernels on every tier. The one valid descriptor a build may
-// refuse (UNSUPPORTED) is a MoE layer whose experts' scale strides differ, for
-// the formats whose kernels bake the stride (docs/API.md).
-bool stride_in_kernel(int f) { return f == 1 || f == 2 || f == 3 || f == 7 || f == 8; }
-bool block_scaled(int f) { return f == 1 || f == 2 || f == 3 || f == 5 || f == 7 || f == 8; }
-bool mx8(int f) { return f == 7 || f == 8; }
-int group_of(int f, int32_t group_size) {
-  switch (f) {
-    case 1: return 16;
-    case 5: return 128;
-    case 7:
-    case 8: return group_size ? group_size : 32;
-    default: return 32;
-  }
-}
-int64_t row_bytes(int f, int64_t k) {
-  switch (f) {
-    case 0: return 2 * k;
-    case 1:
-    case 2:
-    case 3: return k / 2;
-    case 4: return k / 32 * 18;
-    case 6: return k / 32 * 34;
-    default: return k;
-  }
-}
-int64_t scale_cols(int f, int group, int64_t k) { return block_scaled(f) ? (k + group - 1) / group : 0; }
-// Whether every matrix of a projection resolves to the same scale row stride.
-bool strides_agree(int f, int group, int64_t k, const std::vector<moejit_matrix>& ms) {
-  if (!stride_in_kernel(f) || ms.empty()) return true;
-  auto resolved = [&](const moejit_matrix& m) {
-    return m.scale_row_stride ? m.scale_row_stride : scale_cols(f, group, k);
-  };
-  for (const moejit_matrix& m : ms)
-    if (resolved(m) != resolved(ms[0])) return false;
-  return true;
-}
-int64_t scale_rows(int f, int64_t rows) { return !block_scaled(f) ? 0 : f == 5 ? (rows + 127) / 128 : rows; }
-int64_t scale_elem(int f, int sdt) { return !block_scaled(f) ? 0 : f == 5 ? (sdt == 1 ? 4 : 2) : 1; }
-
-// Garbage the library must never dereference.
-const void* garbage(Reader& in) {
-  static const uintptr_t kBad[] = {0x10, 0xdead0000, uintptr_t(-4096), 0x7fffffff0000};
-  return reinterpret_cast<const void*>(kBad[in.u8() % 4]);
-}
-
-template <class E>
-int32_t raw(const E& field) {
-  int32_t v;
-  std::memcpy(&v, &field, sizeof(v));
-  return v;
-}
-
-template <class E>
-void set_enum(E& field, int32_t v) {
-  static_assert(sizeof(E) == sizeof(int32_t), "C enums are int-sized");
-  std::memcpy(&field, &v, sizeof(v));  // any int, as a C caller may store
-}
-
-// An integer field: mostly in [lo, hi]; sometimes one of `bad` (all invalid by themselves).
-int32_t pick(Reader& in, int32_t lo, int32_t hi, std::initializer_list<int32_t> bad, bool* invalid) {
-  if (bad.size() && in.chance(10)) {
-    *invalid = true;
-    return bad.begin()[in.u8() % bad.size()];
-  }
-  return int32_t(in.range(lo, hi));
-}
+using namespace fuzz_capi;
 
 // ---------------------------------------------------------------- contexts
 
@@ -155,213 +89,14 @@ void expect_failure(moejit_status st, moejit_status want, const char* fn) {
   }
 }
 
-// A descriptor of `size` bytes: the known structure, then (past it) zeros or,
-// when `dirty`, one non-zero byte. Exactly `size` bytes are allocated.
-template <class Desc>
-struct SizedDesc {
-  std::vector<uint8_t> bytes;
-  const Desc* get() const { return reinterpret_cast<const Desc*>(bytes.data()); }
-};
-
-template <class Desc>
-SizedDesc<Desc> sized(Reader& in, Desc d, bool* invalid) {
-  uint32_t size = sizeof(Desc);
-  bool dirty = false;
-  switch (in.u8() % 16) {
-    case 0:
-      size = uint32_t(in.range(0, sizeof(Desc) - 1)), *invalid = true;
-      break;                                                         // older than this library
-    case 1: size = sizeof(Desc) + uint32_t(in.range(1, 64)); break;  // newer caller, zero tail
-    case 2:
-      size = sizeof(Desc) + uint32_t(in.range(1, 64)), dirty = true,
-      *invalid = true;  // newer caller, fields set
-      break;
-    default: break;
-  }
-  d.struct_size = size;
-  SizedDesc<Desc> s;
-  // Never fewer than the 4 bytes of struct_size itself; nothing past `size` may be read.
-  s.bytes.assign(size < 4 ? 4 : size, 0);
-  std::memcpy(s.bytes.data(), &d, size < sizeof(Desc) ? (size < 4 ? 4 : size) : sizeof(Desc));
-  if (dirty) s.bytes[sizeof(Desc) + size_t(in.range(0, size - sizeof(Desc) - 1))] = uint8_t(in.range(1, 255));
-  return s;
-}
-
-// ---------------------------------------------------------------- matrices
-
-// One bank: the memory of one [rows, K] matrix (several experts may share it).
-struct Bank {
-  Guarded data, scales;
-  std::vector<uint16_t> bias;
-  std::vector<float> row_scales;
-  moejit_matrix m{};
-  bool invalid = false;  // the model says the library rejects this matrix
-};
-
-// Builds a matrix of format f for [rows, k]; with `corrupt`, maybe one invalid field.
-void make_bank(Reader& in, Bank& b, int f, int sdt, int group, int64_t rows, int64_t k, bool corrupt,
-               bool shapes_valid) {
-  std::memset(&b.m, 0, sizeof(b.m));
-  const int64_t cols = scale_cols(f, group, k), srows = scale_rows(f, rows);
-  int64_t stride = 0;
-  if (block_scaled(f)) {
-    const int s = in.u8() % 4;
-    stride = s == 0 ? 0 : cols + (s == 3 ? in.range(1, 9) : 0);
-  } else {
-    stride = in.chance(20) ? in.range(0, 1 << 20) : 0;  // ignored, any value >= 0
-  }
-  const bool at_end = in.flag();
-  if (shapes_valid) {
-    const int64_t rs = stride ? stride : cols;
-    b.data.init(size_t(rows * row_bytes(f, k)), at_end);
-    in.fill(b.data.data(), b.data.size());
-    if (block_scaled(f)) {
-      // The last scale row without its padding.
-      b.scales.init(size_t(((srows - 1) * rs + cols) * scale_elem(f, sdt)), !at_end);
-      in.fill(b.scales.data(), b.scales.size());
-      if (f == 5 && sdt == 0 && in.flag())  // sane bf16 scales: 2^-8 .. 2^7
-        for (size_t i = 1; i < b.scales.size(); i += 2) b.scales.data()[i] = uint8_t(0x3B + in.range(0, 7));
-      if (f == 5 && sdt == 1 && in.flag())
-        for (size_t i = 3; i < b.scales.size(); i += 4) b.scales.data()[i] = uint8_t(0x3B + in.range(0, 7));
-    }
-    if (f == 1) {
-      b.row_scales.resize(size_t(rows));
-      for (auto& v : b.row_scales) v = in.f32();
-    }
-    if (in.chance(64)) {
-      b.bias.resize(size_t(rows));
-      for (auto& v : b.bias) v = in.u16();
-    }
-  }
-  b.m.data = shapes_valid ? b.data.data() : garbage(in);
-  b.m.scales = block_scaled(f) && shapes_valid ? b.scales.data() : garbage(in);
-  b.m.scale_row_stride = stride;
-  b.m.row_scales = f == 1 && shapes_valid ? b.row_scales.data()
-                   : in.flag()            ? static_cast<const float*>(garbage(in))
-                                          : nullptr;
-  b.m.bias = b.bias.empty() ? nullptr : b.bias.data();
-  if (!corrupt) return;
-  b.invalid = true;
-  switch (in.u8() % 5) {
-    case 0: b.m.data = nullptr; break;
-    case 1:
-      if (block_scaled(f))
-        b.m.scales = nullptr;
-      else
-        b.m.scale_row_stride = -in.range(1, 1 << 30);
-      break;
-    case 2: b.m.scale_row_stride = -in.range(1, 1000); break;
-    case 3:
-      if (block_scaled(f) && cols > 1)
-        b.m.scale_row_stride = in.range(1, cols - 1);
-      else if (block_scaled(f))
-        b.m.scale_row_stride = (int64_t(1) << 40) + in.range(1, 1000);  // too large
-      else
-        b.m.data = nullptr;
-      break;
-    case 4:
-      if (f == 1)
-        b.m.row_scales = nullptr;
-      else if (block_scaled(f))
-        b.m.scale_row_stride = in.flag() ? std::numeric_limits<int64_t>::max() : (int64_t(1) << 41);
-      else
-        b.m.data = nullptr;
-      break;
-  }
-}
-
-size_t out_bytes(int dt) { return dt == MOEJIT_DTYPE_F32 ? 4 : 2; }
-
-bool same_bits(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, int dt, size_t* where) {
-  const size_t es = out_bytes(dt);
-  for (size_t i = 0; i + es <= a.size(); i += es) {
-    if (std::memcmp(&a[i], &b[i], es) == 0) continue;
-    bool nan_a, nan_b;
-    if (es == 4) {
-      float x, y;
-      std::memcpy(&x, &a[i], 4);
-      std::memcpy(&y, &b[i], 4);
-      nan_a = std::isnan(x), nan_b = std::isnan(y);
-    } else {
-      const int va = a[i] | a[i + 1] << 8, vb = b[i] | b[i + 1] << 8;
-      nan_a = (va & 0x7F80) == 0x7F80 && (va & 0x7F);
-      nan_b = (vb & 0x7F80) == 0x7F80 && (vb & 0x7F);
-    }
-    if (nan_a && nan_b) continue;  // NaN payloads are not part of the contract
-    *where = i / es;
-    return false;
-  }
-  return true;
-}
-
-// ---------------------------------------------------------------- calls
-
-struct CallArgs {
-  int32_t T = 0;
-  std::vector<uint16_t> x;
-  std::vector<int32_t> ids;
-  std::vector<float> w;
-  const uint16_t* xp = nullptr;
-  const int32_t* idp = nullptr;
-  const float* wp = nullptr;
-  bool y_null = false;
-  bool invalid = false;
-  uint64_t routes = 0;  // non-negative ids
-};
-
-CallArgs make_call(Reader& in, int32_t max_tokens, int32_t top_k, int32_t E, int32_t K) {
-  CallArgs c;
-  switch (in.u8() % 16) {
-    case 0: c.T = 0; break;
-    case 1: c.T = -int32_t(in.range(1, 3)), c.invalid = true; break;
-    case 2: c.T = max_tokens + int32_t(in.range(1, 3)), c.invalid = true; break;
-    case 3: c.T = std::numeric_limits<int32_t>::min(), c.invalid = true; break;
-    default: c.T = int32_t(in.range(1, max_tokens)); break;
-  }
-  // Buffers for what a valid call of this size reads (never more than max_tokens rows).
-  const int32_t rows = c.T < 0 ? 0 : c.T > max_tokens ? max_tokens : c.T;
-  c.x.resize(size_t(rows) * size_t(K));
-  for (auto& v : c.x) v = in.chance(16) ? in.u16() : uint16_t((in.u16() & 0x80FF) | 0x3C00);
-  c.ids.resize(size_t(rows) * size_t(top_k));
-  for (auto& v : c.ids) {
-    const uint8_t r = in.u8();
-    v = r < 200   ? int32_t(in.range(0, E - 1))
-        : r < 230 ? -int32_t(in.range(1, 3))
-                  : std::numeric_limits<int32_t>::min();
-  }
-  if (!c.ids.empty() && in.chance(12)) {
-    c.ids[size_t(in.range(0, int64_t(c.ids.size()) - 1))] =
-        in.flag() ? E + int32_t(in.range(0, 3)) : std::numeric_limits<int32_t>::max();
-    c.invalid = true;
-  }
-  for (int32_t id : c.ids) c.routes += id >= 0 && id < E;
-  c.w.resize(size_t(rows) * size_t(top_k));
-  for (auto& v : c.w) v = in.chance(8) ? in.f32() : float(in.range(-64, 64)) / 32.0f;
-  // Empty vectors still give a real (non-NULL) pointer.
-  static uint16_t one_x;
-  static int32_t one_id;
-  static float one_w;
-  c.xp = c.x.empty() ? &one_x : c.x.data();
-  c.idp = c.ids.empty() ? &one_id : c.ids.data();
-  c.wp = c.w.empty() ? &one_w : c.w.data();
-  if (c.T > 0 && c.T <= max_tokens) {
-    switch (in.u8() % 32) {
-      case 0: c.xp = nullptr, c.invalid = true; break;
-      case 1: c.idp = nullptr, c.invalid = true; break;
-      case 2: c.wp = nullptr, c.invalid = true; break;
-      case 3: c.y_null = true, c.invalid = true; break;
-      default: break;
-    }
-  }
-  return c;
-}
-
 // ---------------------------------------------------------------- MoE
 
 struct MoeModel {
   moejit_moe_desc d{};
-  std::vector<Bank> gu_banks, dn_banks;
-  std::vector<moejit_matrix> gu, dn;
+  // [0] gate_up (fused) or gate, [1] up (separate banks), [2] down; experts map onto banks.
+  std::vector<Bank> banks[3];
+  std::vector<moejit_matrix> mats[3];
+  moejit_proj_format up_format{}, down_format{};
   bool invalid = false;
 };
 
@@ -375,52 +110,46 @@ void fuzz_moe(Reader& in) {
   d.struct_size = sizeof(d);
   bool inv = false;
 
-  // Format fields.
-  int f = in.chance(200) ? (in.flag() ? MOEJIT_FORMAT_BF16 : MOEJIT_FORMAT_FP8_BLOCK)
-                         : int(in.range(0, kFormats - 1));
-  if (in.chance(6)) {
-    const int32_t bad[] = {-1, kFormats, 100, std::numeric_limits<int32_t>::min()};
-    set_enum(d.format, bad[in.u8() % 4]);
-    inv = true;
-    f = -1;
-  } else {
-    set_enum(d.format, f);
+  // Format fields: the layer's own (gate's), then the 0.2 fields. A 0.1 caller
+  // (80-byte descriptor) has none of them; separate banks may give up its own
+  // format (with a fused gate_up that is invalid), and either form down's.
+  const FormatPick gate = pick_format(in, &inv);
+  set_enum(d.format, gate.raw_format);
+  set_enum(d.scale_dtype, gate.raw_sdt);
+  d.group_size = gate.group_size;
+  const bool v1 = in.chance(12);
+  const bool separate = !v1 && in.chance(96);
+  FormatPick up = gate, down = gate;
+  if (!v1 && in.chance(separate ? 128 : 8)) {
+    up = pick_format(in, &inv);
+    mm.up_format = api_format(up);
+    d.up_format = &mm.up_format;
+    if (!separate) inv = true;  // one fused matrix has one format
   }
-  int sdt = 0;
-  if (f == MOEJIT_FORMAT_FP8_BLOCK) {
-    sdt = in.flag();
-    if (in.chance(8))
-      set_enum(d.scale_dtype, int32_t(in.range(2, 5))), inv = true;
-    else
-      set_enum(d.scale_dtype, sdt);
-  } else if (in.chance(8)) {
-    set_enum(d.scale_dtype, int32_t(in.range(1, 3))), inv = true;
+  if (!v1 && in.chance(48)) {
+    down = pick_format(in, &inv);
+    mm.down_format = api_format(down);
+    d.down_format = &mm.down_format;
   }
-  if (mx8(f)) {
-    static const int32_t kOk[] = {0, 32, 64, 128};
-    d.group_size = kOk[in.u8() % 4];
-    if (in.chance(8)) d.group_size = in.flag() ? int32_t(in.range(1, 31)) : 96, inv = true;
-  } else {
-    d.group_size = in.chance(30) ? in.i32() : 0;  // ignored by other formats
-  }
-  const int fv = f < 0 ? 0 : f;
-  const int group = group_of(fv, d.group_size);
+  // ds_fp4's activation numerics are layer-wide: every projection or none.
+  const FormatPick* projs[3] = {&gate, &up, &down};
+  int ds = 0;
+  for (const FormatPick* p : projs) ds += p->f == MOEJIT_FORMAT_DS_FP4;
+  if (ds != 0 && ds != 3) inv = true;
 
-  // Sizes: small and valid for the format's K rule, or invalid by themselves.
-  auto pick_k = [&]() -> int32_t {
+  // Sizes: small and valid for every K rule (H: gate's and up's, I: down's), or invalid by themselves.
+  auto pick_k = [&](int32_t unit) -> int32_t {
     if (in.chance(8)) {
       inv = true;
-      if (fv != 0 && fv != 5 && in.flag())
-        return int32_t(group_of(fv, d.group_size) * in.range(1, 4) + in.range(1, 15));
+      if (unit > 1 && in.flag()) return int32_t(unit * in.range(1, 4) + in.range(1, 15));
       const int32_t bad[] = {0, -1, -128, std::numeric_limits<int32_t>::min()};
       return bad[in.u8() % 4];
     }
-    if (fv == 0 || fv == 5) return int32_t(in.chance(40) ? in.range(1, 8) : in.range(1, 400));
-    const int32_t g = fv == 1 ? 16 : group;
-    return int32_t(g * in.range(1, 256 / g > 0 ? 256 / g + 1 : 1));
+    if (unit == 1) return int32_t(in.chance(40) ? in.range(1, 8) : in.range(1, 400));
+    return int32_t(unit * in.range(1, 256 / unit > 0 ? 256 / unit + 1 : 1));
   };
-  d.hidden = pick_k();
-  d.intermediate = pick_k();
+  d.hidden = pick_k(std::max(gate.k_unit(), up.k_unit()));
+  d.intermediate = pick_k(down.k_unit());
   d.num_experts = pick(in, 1, 24, {0, -1, std::numeric_limits<int32_t>::min()}, &inv);
   if (in.chance(6)) {
     d.top_k = in.flag() ? 0 : d.num_experts + int32_t(in.range(1, 4));
@@ -454,77 +183,97 @@ void fuzz_moe(Reader& in) {
   if (in.chance(8)) odt = in.flag() ? 2 : -1, inv = true;
   set_enum(d.output_dtype, odt);
 
+  if (separate && d.gate_up_interleaved == 1) inv = true;  // rows of one matrix only
+
   // Weight memory is only sized when every scalar field is valid; otherwise the
   // matrices hold garbage addresses (create only looks at pointer values).
   // The arrays themselves are real whenever they have entries to read.
   const bool shapes_valid = !inv;
   const int32_t E = d.num_experts;
-  const bool gu_null = in.chance(4), dn_null = in.chance(4);
-  if (gu_null || dn_null) inv = true;
+  const int64_t H = d.hidden, I = d.intermediate;
+  const int64_t rows[3] = {separate ? I : 2 * I, I, H}, ks[3] = {H, H, I};
+  std::vector<int> used = {0, 2};
+  if (separate) used = {0, 1, 2};
+  // The bank form: a bank left NULL, or a fused gate_up next to a gate or up (or
+  // separate banks next to a gate_up): all invalid.
+  bool null_bank[3] = {in.chance(4), separate && in.chance(4), in.chance(4)};
+  const bool extra = !v1 && in.chance(4);
+  for (int p : used)
+    if (null_bank[p]) inv = true;
+  if (extra) inv = true;
   if (E >= 1) {
-    mm.gu.resize(size_t(E));
-    mm.dn.resize(size_t(E));
+    for (int p : used) mm.mats[p].resize(size_t(E));
     if (shapes_valid) {
       const int nb = int(in.range(1, 3));
-      mm.gu_banks.resize(size_t(nb));
-      mm.dn_banks.resize(size_t(nb));
-      const int bad_bank = in.chance(24) ? int(in.range(0, 2 * nb - 1)) : -1;
-      for (int b = 0; b < nb; ++b) {
-        make_bank(in, mm.gu_banks[size_t(b)], fv, sdt, group, 2 * int64_t(d.intermediate), d.hidden,
-                  bad_bank == b, true);
-        make_bank(in, mm.dn_banks[size_t(b)], fv, sdt, group, d.hidden, d.intermediate, bad_bank == nb + b,
-                  true);
-      }
+      const int bad_bank = in.chance(24) ? int(in.range(0, int(used.size()) * nb - 1)) : -1;
+      for (int p : used) mm.banks[p].resize(size_t(nb));
+      for (int b = 0; b < nb; ++b)
+        for (size_t u = 0; u < used.size(); ++u) {
+          const int p = used[u];
+          make_bank(in, mm.banks[p][size_t(b)], projs[p]->fv(), projs[p]->sdt, projs[p]->group(), rows[p],
+                    ks[p], bad_bank == int(u) * nb + b, true);
+        }
       // Experts map to banks; an invalid bank only counts if some expert uses it.
       const int shift = int(in.range(0, nb - 1));
-      for (int32_t e = 0; e < E; ++e) {
-        const Bank& g = mm.gu_banks[size_t((e + shift) % nb)];
-        const Bank& h = mm.dn_banks[size_t((e + shift) % nb)];
-        mm.gu[size_t(e)] = g.m;
-        mm.dn[size_t(e)] = h.m;
-        if ((g.invalid && !gu_null) || (h.invalid && !dn_null)) inv = true;
-      }
+      for (int32_t e = 0; e < E; ++e)
+        for (int p : used) {
+          const Bank& bk = mm.banks[p][size_t((e + shift) % nb)];
+          mm.mats[p][size_t(e)] = bk.m;
+          if (bk.invalid && !null_bank[p]) inv = true;
+        }
     } else {
-      for (auto* v : {&mm.gu, &mm.dn})
-        for (auto& m : *v) {
+      for (int p : used)
+        for (auto& m : mm.mats[p]) {
           std::memset(&m, 0, sizeof(m));
           m.data = garbage(in);
           m.scales = garbage(in);
         }
     }
-    d.gate_up = mm.gu.data();
-    d.down = mm.dn.data();
-  } else {
-    d.gate_up = static_cast<const moejit_matrix*>(garbage(in));  // no entries to read
-    d.down = static_cast<const moejit_matrix*>(garbage(in));
   }
-  if (gu_null) d.gate_up = nullptr;
-  if (dn_null) d.down = nullptr;
+  const auto array = [&](int p) {  // no entries to read when E < 1
+    return E >= 1 ? mm.mats[p].data() : static_cast<const moejit_matrix*>(garbage(in));
+  };
+  if (separate) {
+    d.gate = null_bank[0] ? nullptr : array(0);
+    d.up = null_bank[1] ? nullptr : array(1);
+    if (extra) d.gate_up = array(0);
+  } else {
+    d.gate_up = null_bank[0] ? nullptr : array(0);
+    if (extra) (in.flag() ? d.gate : d.up) = array(0);
+  }
+  d.down = null_bank[2] ? nullptr : array(2);
 
   bool size_inv = false;
-  const SizedDesc<moejit_moe_desc> sd = sized(in, d, &size_inv);
+  const SizedDesc<moejit_moe_desc> sd = sized(in, d, &size_inv, kMoeDescV1Size, v1);
   if (size_inv) inv = true;
 
   if (g_verbose) {
     std::fprintf(
         stderr,
         "moe: tier %s variant %d | format %d scale_dtype %d group_size %d H %d I %d E %d top_k %d "
-        "max_tokens %d act %d alpha %g limit %g interleaved %d rwoi %d out %d struct_size %u | model %s\n",
+        "max_tokens %d act %d alpha %g limit %g interleaved %d rwoi %d out %d struct_size %u | 0.2: %s, up "
+        "format %d/%d/%d%s, down format %d/%d/%d%s, NULL banks %d%d%d, extra %d | model %s\n",
         moejit_isa_name(moejit_isa(tier)), variant, raw(d.format), raw(d.scale_dtype), d.group_size, d.hidden,
         d.intermediate, d.num_experts, d.top_k, d.max_tokens, raw(d.activation), double(d.swiglu_alpha),
         double(d.swiglu_limit), d.gate_up_interleaved, d.router_weight_on_input, raw(d.output_dtype),
-        sd.get()->struct_size, inv ? "invalid" : "valid");
-    for (size_t b = 0; b < mm.gu_banks.size(); ++b)
-      for (const Bank* bk : {&mm.gu_banks[b], &mm.dn_banks[b]})
+        sd.get()->struct_size, separate ? "separate" : "fused", up.raw_format, up.raw_sdt, up.group_size,
+        d.up_format ? "" : " (NULL)", down.raw_format, down.raw_sdt, down.group_size,
+        d.down_format ? "" : " (NULL)", null_bank[0], null_bank[1], null_bank[2], extra,
+        inv ? "invalid" : "valid");
+    static const char* kNames[3] = {"gate_up/gate", "up", "down"};
+    for (int p : used)
+      for (size_t b = 0; b < mm.banks[p].size(); ++b) {
+        const Bank* bk = &mm.banks[p][b];
         std::fprintf(
             stderr,
             "  %s bank %zu: data %zu bytes [%p, %p), scales %zu bytes [%p, %p), stride %lld, bias %d, "
             "row_scales %d%s\n",
-            bk == &mm.gu_banks[b] ? "gate_up" : "down", b, bk->data.size(), (const void*)bk->data.data(),
+            kNames[p], b, bk->data.size(), (const void*)bk->data.data(),
             (const void*)(bk->data.data() + bk->data.size()), bk->scales.size(),
             (const void*)bk->scales.data(), (const void*)(bk->scales.data() + bk->scales.size()),
             (long long)bk->m.scale_row_stride, bk->m.bias != nullptr, bk->m.row_scales != nullptr,
             bk->invalid ? " (invalid)" : "");
+      }
   }
   // Rare: NULL out, ctx or desc.
   moejit_moe* out = reinterpret_cast<moejit_moe*>(uintptr_t(0x10));
@@ -544,10 +293,9 @@ void fuzz_moe(Reader& in) {
   } else {
     st = moejit_moe_create(ctx, sd.get(), &out);
   }
-  const int g = group_of(f, d.group_size);
-  if (want == MOEJIT_OK && st == MOEJIT_UNSUPPORTED &&
-      !(strides_agree(f, g, d.hidden, mm.gu) && strides_agree(f, g, d.intermediate, mm.dn)))
-    want = MOEJIT_UNSUPPORTED;
+  bool agree = true;
+  for (int p : used) agree = agree && strides_agree(projs[p]->f, projs[p]->group(), ks[p], mm.mats[p]);
+  if (want == MOEJIT_OK && st == MOEJIT_UNSUPPORTED && !agree) want = MOEJIT_UNSUPPORTED;
   if (want != MOEJIT_OK) {
     expect_failure(st, want, "moejit_moe_create");
     FUZZ_CHECK(out == nullptr, "moejit_moe_create failed but *out = %p", static_cast<void*>(out));
@@ -563,9 +311,13 @@ void fuzz_moe(Reader& in) {
              moejit_last_error());
   std::unique_ptr<moejit_moe, void (*)(moejit_moe*)> twin(twin_raw, moejit_moe_destroy);
 
-  const int32_t H = d.hidden;
   const size_t row = size_t(H) * out_bytes(odt);
-  uint64_t calls = 0, routes = 0;
+  uint64_t calls = 0, routes = 0, bytes = 0, expert_bytes = 0;
+  for (int p : used) expert_bytes += matrix_bytes(*projs[p], rows[p], ks[p]);
+  // Each call streams its distinct experts (with dedup) or each route's (variant 1: without).
+  const auto streamed = [&](const CallArgs& c) {
+    return (variant == 1 ? c.routes : c.distinct) * expert_bytes;
+  };
   for (int call = 0, ncalls = int(in.range(1, 3)); call < ncalls; ++call) {
     CallArgs c = make_call(in, d.max_tokens, d.top_k, E, H);
     if (g_verbose) {
@@ -603,6 +355,7 @@ void fuzz_moe(Reader& in) {
     }
     ++calls;
     routes += c.routes;
+    bytes += streamed(c);
     // Determinism: the other entry point, and the twin layer.
     if (use_submit)
       st = moejit_moe_forward(moe.get(), c.T, c.xp, c.idp, c.wp, y2.data());
@@ -611,6 +364,7 @@ void fuzz_moe(Reader& in) {
     FUZZ_CHECK(st == MOEJIT_OK, "repeat call: %s", moejit_last_error());
     ++calls;
     routes += c.routes;
+    bytes += streamed(c);
     FUZZ_CHECK(moejit_moe_forward(twin.get(), c.T, c.xp, c.idp, c.wp, y3.data()) == MOEJIT_OK,
                "twin call: %s", moejit_last_error());
     size_t where = 0;
@@ -627,6 +381,9 @@ void fuzz_moe(Reader& in) {
   FUZZ_CHECK(s.calls == calls && s.routes == routes, "stats: calls %llu routes %llu, want %llu %llu",
              (unsigned long long)s.calls, (unsigned long long)s.routes, (unsigned long long)calls,
              (unsigned long long)routes);
+  FUZZ_CHECK(s.weight_bytes_read == bytes, "stats: weight_bytes_read %llu, want %llu (%llu per expert)",
+             (unsigned long long)s.weight_bytes_read, (unsigned long long)bytes,
+             (unsigned long long)expert_bytes);
   s.struct_size = sizeof(s) - 1;
   FUZZ_CHECK(moejit_moe_stats_get(moe.get(), &s) == MOEJIT_INVALID_ARGUMENT,
              "stats with a short struct_size");
