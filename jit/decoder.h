@@ -171,7 +171,7 @@ class Decoder : public DecodePart {
   // ---- emission ----
   void bind(Generator& g, const DecodeRegs& r);
   // The scale rule's constants, then the decode's.
-  void emit_constants() {
+  virtual void emit_constants() {
     if (rule_) rule_->emit_constants();
     emit_decode_constants();
   }
