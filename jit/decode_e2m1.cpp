@@ -2,8 +2,8 @@
 // - fp32 (avx2, avx512): the nibbles of a step widened to dwords and looked up
 //   in a 16-entry fp32 table; activations evens then odds. Any byte-code scale rule.
 // - bf16 (avx512_bf16): 64 bytes -> 4 vectors of 32 bf16 through shifts and
-//   vpermw (XLayout::bf16_nib128, AVX512BW only); the row's group scales are
-//   widened to fp32 on the stack in batches of rows (WidenedRowScale).
+//   vpermw (XLayout::bf16_nib128, AVX512BW only); the row body widens each
+//   row's group scales to fp32 on the stack in batches of rows (WidenedRowScale).
 #include <algorithm>
 
 #include "formats/formats.h"
@@ -86,14 +86,41 @@ constexpr int kWidenRows = 4;
 // before its chunks (one core, weights in L2, kernels alternating in one
 // process: mxfp4 and nvfp4 at K=768, one token, +3-15%; batches of 2 to 16
 // rows alike; 4 tokens unchanged). The batch starts zeroed and 64 zero bytes
-// of slack follow it (a chunk's vpermps reads a whole vector). The decoder
-// loads the rule's constants: c[1] the vpermps index, c[2..4] the widening's.
-// r_.aux points at the current row's widened scales.
+// of slack follow it (a chunk's vpermps reads a whole vector). The group
+// scales land on the lanes of XLayout::bf16_nib128. r_.aux points at the
+// current row's widened scales; c[1..4] hold the rule's constants.
 class WidenedRowScale : public ScaleRule {
  public:
   explicit WidenedRowScale(const KernelKey& key) : ScaleRule(key) {}
   int group() const override { return std::max(1, key_.group); }
   bool check(std::string* why) const override { return check_byte_groups(key_, why); }
+  void emit_constants() override {
+    Generator& g = a();
+    g.vmovdqu32(r_.c[1], ptr[rip + l_pair_idx_]);  // the vpermps index of a chunk's scale vector
+    // the widening's: the e4m3 -> fp16 mask (nvfp4); 2^-127, the inf pattern
+    // and NaN (e8m0 codes 0 and 255)
+    if (is_nvfp4(key_)) {
+      g.vpbroadcastd(r_.c[2], ptr[rip + l_e4m3_fp16_mask_]);
+    } else {
+      g.vpbroadcastd(r_.c[2], ptr[rip + l_e8m0_min_]);
+      g.vpbroadcastd(r_.c[3], ptr[rip + l_e8m0_nan_ + 4]);
+      g.vpbroadcastd(r_.c[4], ptr[rip + l_e8m0_nan_]);
+    }
+  }
+  void emit_data() override {
+    Generator& g = a();
+    // vpermps index of a chunk's scale vector: dword pairs (nvfp4, group q on
+    // dwords 2q, 2q + 1) or quads (mxfp4, group g on dwords 4g..4g+3).
+    g.L(l_pair_idx_);
+    for (int i = 0; i < 16; ++i) g.dd(uint32_t(is_nvfp4(key_) ? i / 2 : i / 4));
+    g.L(l_e4m3_fp16_mask_);
+    g.dd(0xBF80BF80u);
+    g.L(l_e8m0_min_);
+    g.dd(0x00400000u);  // 2^-127
+    g.L(l_e8m0_nan_);
+    g.dd(0x7FC00000u);  // NaN, then the pattern (255 << 23) of code 255
+    g.dd(0x7F800000u);
+  }
   int stack_bytes() const override { return widen_end() + 64; }
   void prologue() override {
     Generator& g = a();
@@ -185,28 +212,21 @@ class WidenedRowScale : public ScaleRule {
       g.vmovups(ptr[dst + grp * 4], t);
     }
   }
+
+  Label l_pair_idx_, l_e4m3_fp16_mask_, l_e8m0_min_, l_e8m0_nan_;
 };
 
 class E2m1Nib128Decoder : public E2m1Decoder {
  public:
-  explicit E2m1Nib128Decoder(const KernelKey& key)
-      : E2m1Decoder(key, XLayout::bf16_nib128, 4, std::make_unique<WidenedRowScale>(key)) {}
+  E2m1Nib128Decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule)
+      : E2m1Decoder(key, XLayout::bf16_nib128, 4, std::move(rule)) {}
   float total_factor() const override { return is_nvfp4(key_) ? 256.0f : 1.0f; }  // e4m3 scales via fp16
   std::string describe() const override { return "e2m1 -> bf16 (vpsrlw + vpermw), vdpbf16ps"; }
-  void emit_decode_constants() override {
-    Generator& g = a();
-    // the e2m1 -> bf16 word table (twice), the vpermps index of the chunk scale vector
-    g.vmovdqu16(r_.c[0], ptr[rip + l_words_]);
-    g.vmovdqu32(r_.c[1], ptr[rip + l_pair_idx_]);
-    // the scale widening's: the e4m3 -> fp16 mask (nvfp4); 2^-127, the inf
-    // pattern and NaN (e8m0 codes 0 and 255)
-    if (is_nvfp4(key_)) {
-      g.vpbroadcastd(r_.c[2], ptr[rip + l_e4m3_fp16_mask_]);
-    } else {
-      g.vpbroadcastd(r_.c[2], ptr[rip + l_e8m0_min_]);
-      g.vpbroadcastd(r_.c[3], ptr[rip + l_e8m0_nan_ + 4]);
-      g.vpbroadcastd(r_.c[4], ptr[rip + l_e8m0_nan_]);
-    }
+  // The word table first, then the rule's: the order these kernels' code has
+  // always had (kernel_bytes).
+  void emit_constants() override {
+    a().vmovdqu16(r_.c[0], ptr[rip + l_words_]);  // the e2m1 -> bf16 word table (twice)
+    if (rule_) rule_->emit_constants();
   }
   void emit_data() override {
     Generator& g = a();
@@ -214,17 +234,7 @@ class E2m1Nib128Decoder : public E2m1Decoder {
     // entries appear twice.
     g.L(l_words_);
     for (int i = 0; i < 32; ++i) g.dw(formats::f32_to_bf16(formats::e2m1_to_f32(uint8_t(i & 15))));
-    // vpermps index of a chunk's scale vector: dword pairs (nvfp4, group q on
-    // dwords 2q, 2q + 1) or quads (mxfp4, group g on dwords 4g..4g+3).
-    g.L(l_pair_idx_);
-    for (int i = 0; i < 16; ++i) g.dd(uint32_t(is_nvfp4(key_) ? i / 2 : i / 4));
-    g.L(l_e4m3_fp16_mask_);
-    g.dd(0xBF80BF80u);
-    g.L(l_e8m0_min_);
-    g.dd(0x00400000u);  // 2^-127
-    g.L(l_e8m0_nan_);
-    g.dd(0x7FC00000u);  // NaN, then the pattern (255 << 23) of code 255
-    g.dd(0x7F800000u);
+    Decoder::emit_data();
   }
   // 64 bytes -> 4 x 32 bf16: vector j is the word table at nibble j of every
   // 16-bit word. A partial chunk (K % 128 != 0) loads the row's last bytes; the
@@ -243,7 +253,7 @@ class E2m1Nib128Decoder : public E2m1Decoder {
   }
 
  private:
-  Label l_words_, l_pair_idx_, l_e4m3_fp16_mask_, l_e8m0_min_, l_e8m0_nan_;
+  Label l_words_;
 };
 
 }  // namespace
@@ -251,8 +261,11 @@ class E2m1Nib128Decoder : public E2m1Decoder {
 std::unique_ptr<Decoder> make_e2m1_f32_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule) {
   return std::make_unique<E2m1F32Decoder>(key, std::move(rule));
 }
-std::unique_ptr<Decoder> make_e2m1_nib128_decoder(const KernelKey& key) {
-  return std::make_unique<E2m1Nib128Decoder>(key);
+std::unique_ptr<Decoder> make_e2m1_nib128_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule) {
+  return std::make_unique<E2m1Nib128Decoder>(key, std::move(rule));
+}
+std::unique_ptr<ScaleRule> make_widened_row_scale(const KernelKey& key) {
+  return std::make_unique<WidenedRowScale>(key);
 }
 
 }  // namespace moejit::jit

@@ -73,7 +73,7 @@ bool q4_gathers(const KernelKey& key, const DecodeShape& s, int cnt) {
 }
 
 // The fp16 d of blocks 0..3 on their 128-bit lanes (missing blocks: 0), or
-// the vector load_widen already left.
+// the vector load_widen just left.
 class Q4x4Scale : public ScaleRule {
  public:
   explicit Q4x4Scale(const KernelKey& key) : ScaleRule(key) {}
@@ -81,7 +81,7 @@ class Q4x4Scale : public ScaleRule {
   int block_bytes() const override { return 0; }  // inline in the weights
   void apply(const ScaleBlock& b) override {
     Generator& g = a();
-    if (!q4_gathers(key_, shape_, b.n)) {
+    if (!(b.after_widen && q4_gathers(key_, shape_, b.n))) {
       const Ymm ys = Ymm(r_.scale.getIdx());
       const int nb = (b.n + 31) / 32;
       g.vpxor(ys, ys, ys);

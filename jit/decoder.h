@@ -33,6 +33,8 @@ struct DecodeShape {
 
 // Registers a body lends its decoder for the whole kernel. The decoder's own
 // opmasks are k2..k7 (each decoder names its roles); k1 is the body's tail.
+// Vector registers must be among 0-15: several decodes use VEX-only
+// instructions (vpand, vmovdqu, vpxor on ymm and xmm).
 struct DecodeRegs {
   Xbyak::Xmm w[4];     // widened weights: the row body's load_widen destinations, free between steps
   Xbyak::Xmm t[2];     // temporaries of one step (may alias w[2], w[3]: 4-vector decodes use no t)
@@ -61,6 +63,14 @@ struct ScaleBlock {
   int n = 0;                           // elements: shape.block, or fewer in the last block of a row
   std::span<const Xbyak::Xmm> sums;    // per token: the block's sum of products
   std::span<const Xbyak::Xmm> totals;  // per token: the running total that gains sum * scale
+  // Per token, the block's vector of sub-block sums of x (XSums), where the
+  // decoder asks for them (Decoder::xsum_span): a rule adds its term with one
+  // FMA against a vector of its per-sub-block factors.
+  std::span<const Xbyak::Address> xsums;
+  // True when the block's last load_widen ran just before with these cursors
+  // and left r_.scale as it was (the row body); a body that widens several rows
+  // before their scales (a tile body) passes false and the rule reloads.
+  bool after_widen = true;
 };
 
 // State shared by a decoder and its scale rule: the key, the shape and, once
@@ -133,7 +143,9 @@ class Decoder : public DecodePart {
  public:
   // ---- facts ----
   XLayout x_layout() const { return layout_; }
-  XPrep x_prep() const { return XPrep(layout_, key_.isa); }
+  XPrep x_prep() const {
+    return XPrep(layout_, key_.isa, xsum_span() ? XSums{xsum_span(), shape_.block} : XSums{});
+  }
   // AVX512_VBMI instructions in the decode (byte tables, the q4_0 gather).
   virtual bool needs_vbmi() const { return false; }
   // False where the hardware prefetchers stream the weights (bf16): one-token
@@ -143,6 +155,10 @@ class Decoder : public DecodePart {
   virtual bool row_globals() const { return false; }
   // Each row's total times this before its sums (256: the fp16 widening's 2^-8).
   virtual float total_factor() const { return 1.0f; }
+  // Elements per sub-block whose sum of x the scale rule adds a term with
+  // (K-quants: - dmin m[j] S_x); 0 for none. The prepared x then carries those
+  // sums after each block (XSums) and ScaleBlock::xsums addresses them.
+  virtual int xsum_span() const { return 0; }
   ScaleRule* scale() const { return rule_.get(); }  // null when unscaled
   // The decode path in words (moejit-info).
   virtual std::string describe() const { return "widened to fp32, vfmadd231ps"; }
@@ -155,7 +171,7 @@ class Decoder : public DecodePart {
   // ---- emission ----
   void bind(Generator& g, const DecodeRegs& r);
   // The scale rule's constants, then the decode's.
-  void emit_constants() {
+  virtual void emit_constants() {
     if (rule_) rule_->emit_constants();
     emit_decode_constants();
   }

@@ -68,8 +68,8 @@ std::unique_ptr<Decoder> make_decoder(const KernelKey& key) {
     case Format::q4_0: return bf16_tier ? make_q4x4_decoder(key) : make_q4_f32_decoder(key);
     case Format::mxfp4:
     case Format::nvfp4:
-      return bf16_tier ? make_e2m1_nib128_decoder(key)
-                       : make_e2m1_f32_decoder(key, make_byte_code_scale(key));
+      if (bf16_tier) return make_e2m1_nib128_decoder(key, make_widened_row_scale(key));
+      return make_e2m1_f32_decoder(key, make_byte_code_scale(key));
     default: return nullptr;
   }
 }

@@ -33,7 +33,10 @@ std::unique_ptr<Decoder> make_q8_table_decoder(const KernelKey& key);
 // e2m1 (mxfp4, nvfp4): fp32 evens and odds (avx2, avx512), or 128 at a time to
 // bf16 with the row's group scales widened on the stack (avx512_bf16).
 std::unique_ptr<Decoder> make_e2m1_f32_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule);
-std::unique_ptr<Decoder> make_e2m1_nib128_decoder(const KernelKey& key);
+std::unique_ptr<Decoder> make_e2m1_nib128_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule);
+// The nib128 decode's scales in the row body: e8m0 or e4m3 group scales
+// widened per batch of rows, a vpermps per chunk onto the decode's lanes.
+std::unique_ptr<ScaleRule> make_widened_row_scale(const KernelKey& key);
 // GGUF integer blocks to fp32 (q4_0, q8_0), and q4_0 4 blocks at a time to bf16.
 std::unique_ptr<Decoder> make_q4_f32_decoder(const KernelKey& key);
 std::unique_ptr<Decoder> make_q8_f32_decoder(const KernelKey& key);

@@ -87,12 +87,14 @@ class RowBody : public Generator {
         dec_(std::move(dec)),
         rule_(dec_->scale()),
         shape_(dec_->shape()),
+        xprep_(dec_->x_prep()),
         tt_(tier_traits(key.isa)),
         plan_(plan_of(shape_)),
         scaled_(shape_.scaled),
-        xbytes_(int(x_elem_bytes(dec_->x_layout()))),
+        xbytes_(int(xprep_.elem_bytes())),
         row_bytes_(formats::row_bytes(static_cast<formats::Format>(key.format), key.k)),
-        xstride_bytes_(x_stride(key.k) * xbytes_),
+        xstride_bytes_(xprep_.vector_bytes(key.k)),
+        xblock_bytes_(xprep_.bytes(shape_.block)),
         fma_f32_(xbytes_ == 4),
         // Every kernel prefetches a later call (w_prefetch). Multi-token calls
         // compute long enough per line that streaming no longer overlaps
@@ -207,7 +209,7 @@ class RowBody : public Generator {
   // Byte displacements of the block being emitted inside an unrolled loop body.
   void set_block_disp(int j) {
     dw_ = j * dec_->block_bytes();
-    dx_ = int64_t(j) * shape_.block * xbytes_;
+    dx_ = j * xblock_bytes_;
     ds_ = j * scale_bytes();
   }
   int scale_bytes() const { return rule_ ? rule_->block_bytes() : 0; }
@@ -262,21 +264,23 @@ class RowBody : public Generator {
   ScaleRule* rule_;  // dec_'s, null when unscaled
   DecodeRegs regs_;  // lent to dec_
   DecodeShape shape_;
+  XPrep xprep_;  // the activations' layout
   TierTraits tt_;
   Plan plan_;
   bool scaled_;
   int xbytes_;
   int64_t row_bytes_;
-  int64_t xstride_bytes_;
-  bool fma_f32_;         // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
-  bool sparse_;          // streamed by the hardware prefetchers, one token: unrolled rows, sparse prefetch
-  int unroll_ = 1;       // blocks per loop iteration
-  int dw_ = 0;           // byte displacements of the block being emitted: weights,
-  int64_t dx_ = 0;       // activations,
-  int ds_ = 0;           // scales
-  int64_t pf_next_ = 0;  // next line offset of the current region to prefetch
-  int64_t pf_span_ = 0;  // bytes the current region reads
-  Label l_hsum_idx_;     // vpermps index putting a row group's sums in row order
+  int64_t xstride_bytes_;  // bytes per token's prepared vector
+  int64_t xblock_bytes_;   // prepared-x bytes per block (with its sums of x, if any)
+  bool fma_f32_;           // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
+  bool sparse_;            // streamed by the hardware prefetchers, one token: unrolled rows, sparse prefetch
+  int unroll_ = 1;         // blocks per loop iteration
+  int dw_ = 0;             // byte displacements of the block being emitted: weights,
+  int64_t dx_ = 0;         // activations,
+  int ds_ = 0;             // scales
+  int64_t pf_next_ = 0;    // next line offset of the current region to prefetch
+  int64_t pf_span_ = 0;    // bytes the current region reads
+  Label l_hsum_idx_;       // vpermps index putting a row group's sums in row order
 };
 
 void RowBody::emit_body() {
@@ -376,7 +380,7 @@ void RowBody::emit_row() {
     finish_prefetch_span();
     set_block_disp(0);
     add(reg_wk, unroll_ * block_bytes);
-    add(reg_xk, int64_t(unroll_) * shape_.block * xbytes_);
+    add(reg_xk, unroll_ * xblock_bytes_);
     if (scaled_ && scale_bytes() > 0) add(reg_sk, unroll_ * scale_bytes());
     dec(reg_kb);
     jnz(l_blk, T_NEAR);
@@ -432,9 +436,13 @@ void RowBody::emit_block(int n, int ti) {
 // tot(m, ti) += acc(m, 0) * the block's scale, by the decoder's scale rule.
 void RowBody::apply_scale(int n, int ti) {
   std::vector<Xmm> sums, totals;
+  std::vector<Address> xsums;
   for (int m = 0; m < key_.tokens; ++m) {
     sums.push_back(acc(m, 0));
     totals.push_back(tot(m, ti));
+    // the block's sums of x follow its activations
+    if (xprep_.sums().span)
+      xsums.push_back(ptr[reg_xk + m * xstride_bytes_ + dx_ + xblock_bytes_ - kXSumBytes]);
   }
   ScaleBlock b;
   b.w = Cursor{reg_wk, dw_};
@@ -442,6 +450,7 @@ void RowBody::apply_scale(int n, int ti) {
   b.n = n;
   b.sums = sums;
   b.totals = totals;
+  b.xsums = xsums;
   rule_->apply(b);
 }
 

@@ -31,49 +31,79 @@ enum class XLayout {
 };
 
 inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 || l == XLayout::f32_evens_odds ? 4 : 2; }
-// Vector lanes of fp32 activations on a tier (the evens/odds group is twice this).
-inline int64_t f32_lanes(Isa isa) { return isa == Isa::avx2 ? 8 : 16; }
-inline int64_t nib128_position(int64_t n) { return (n % 4) * 32 + n / 4; }
-// Slot of activation k in a prepared vector (`isa` matters only for f32_evens_odds).
-inline int64_t x_position(XLayout l, int64_t k, Isa isa = Isa::avx512) {
-  switch (l) {
-    case XLayout::f32_evens_odds: {
-      const int64_t g = 2 * f32_lanes(isa), r = k % g;
-      return (k - r) + (r % 2 ? g / 2 : 0) + r / 2;
-    }
-    case XLayout::bf16_perm64: {
-      const int64_t r = k & 63, lane = r >> 4, j = r & 15;
-      return (k - r) + (j < 8 ? lane * 8 + j : 32 + lane * 8 + (j - 8));
-    }
-    case XLayout::bf16_nib128: return (k & ~int64_t(127)) + nib128_position(k & 127);
-    case XLayout::bf16_q4: {
-      const int64_t r = k & 127, b = r / 32, e = r % 32;
-      return (k - r) + 32 * (2 * (e % 2) + e / 16) + 8 * b + (e % 16) / 2;
-    }
-    default: return k;
-  }
-}
+// Sums of x that a decode's scale rule reads (K-quants: S_x of each sub-block,
+// for the term - dmin m[j] S_x). After every `block` elements (a multiple of
+// 128) the prepared vector holds one 64-byte vector of the fp32 sums of its
+// block / span (at most 16) sub-blocks of `span` elements, each summed in k
+// order, zeros above: computed once per token, read by every row.
+struct XSums {
+  int span = 0;  // 0: no sums
+  int block = 0;
+};
+constexpr int kXSumBytes = 64;
 
 // The prepared-activation layout of one kernel family on its tier, and the
-// code that writes it. A prepared vector holds x_stride(k) elements; the
-// padding past k must be zero (callers zero their buffers once).
+// code that writes it. A prepared vector holds x_stride(k) elements (and the
+// sums, where the layout has them) in vector_bytes(k) bytes; the padding must
+// be zero (callers zero their buffers once).
 class XPrep {
  public:
   XPrep() = default;  // fp32 in natural order: the scalar tier
-  XPrep(XLayout layout, Isa isa) : layout_(layout), isa_(isa) {}
+  XPrep(XLayout layout, Isa isa, XSums sums = {}) : layout_(layout), isa_(isa), sums_(sums) {}
 
   XLayout layout() const { return layout_; }
+  const XSums& sums() const { return sums_; }
   size_t elem_bytes() const { return x_elem_bytes(layout_); }
-  int64_t position(int64_t k) const { return x_position(layout_, k, isa_); }
+  // Element slot of activation k (the sums take kXSumBytes / elem_bytes() slots after each block).
+  int64_t position(int64_t k) const {
+    const int64_t p = slot(k);
+    return sums_.span ? p + k / sums_.block * (kXSumBytes / int64_t(elem_bytes())) : p;
+  }
+  // Bytes of n activations from a block boundary, with their sums (n a multiple
+  // of the block, or less than one block).
+  int64_t bytes(int64_t n) const {
+    return n * int64_t(elem_bytes()) + (sums_.span ? n / sums_.block * kXSumBytes : 0);
+  }
+  int64_t vector_bytes(int64_t k) const { return bytes(x_stride(k)); }
+  // Byte offset of the sum of the sub-block holding activation k.
+  int64_t sum_offset(int64_t k) const {
+    const int64_t b = k / sums_.block;
+    return bytes((b + 1) * sums_.block) - kXSumBytes + 4 * (k % sums_.block / sums_.span);
+  }
 
   // One prepared vector from k bf16 activations.
   void prepare(void* vec, const uint16_t* src, int64_t k) const;
-  // Activations k0 .. k0 + n - 1 of one prepared vector (values exact in bf16).
+  // Activations k0 .. k0 + n - 1 of one prepared vector (values exact in bf16),
+  // and the sums of the sub-blocks wholly inside them.
   void store(void* vec, int64_t k0, const float* v, int64_t n) const;
 
  private:
+  // Slot of activation k in the layout's order, sums aside.
+  int64_t slot(int64_t k) const {
+    switch (layout_) {
+      case XLayout::f32_evens_odds: {  // groups of 2V, V the fp32 lanes of the tier
+        const int64_t g = isa_ == Isa::avx2 ? 16 : 32, r = k % g;
+        return (k - r) + (r % 2 ? g / 2 : 0) + r / 2;
+      }
+      case XLayout::bf16_perm64: {
+        const int64_t r = k & 63, lane = r >> 4, j = r & 15;
+        return (k - r) + (j < 8 ? lane * 8 + j : 32 + lane * 8 + (j - 8));
+      }
+      case XLayout::bf16_nib128: {
+        const int64_t r = k & 127;
+        return (k - r) + (r % 4) * 32 + r / 4;
+      }
+      case XLayout::bf16_q4: {
+        const int64_t r = k & 127, b = r / 32, e = r % 32;
+        return (k - r) + 32 * (2 * (e % 2) + e / 16) + 8 * b + (e % 16) / 2;
+      }
+      default: return k;
+    }
+  }
+
   XLayout layout_ = XLayout::f32;
   Isa isa_ = Isa::scalar;
+  XSums sums_;
 };
 
 // The layout of the kernels of `format` on `isa` with KernelKey::flags `flags`:

@@ -12,6 +12,7 @@
 
 #include "formats/formats.h"
 #include "jit/cpu.h"
+#include "jit/decoder.h"
 #include "jit/gemv.h"
 #include "jit/generator.h"
 #include "jit/kernel_cache.h"
@@ -460,6 +461,154 @@ TEST_P(GemvKernels, Mxfp8EveryCode) {
 
 INSTANTIATE_TEST_SUITE_P(Tiers, GemvKernels, ::testing::ValuesIn(kVariants),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The sums of x a decode may ask for (K-quants' S_x): one 64-byte vector after
+// each block, each sub-block summed in k order, the activations' slots shifted
+// past them; storing in sub-block pieces gives the bytes of one prepare.
+TEST(XPrep, SubBlockSumsAfterEachBlock) {
+  std::mt19937 rng(3);
+  const int64_t k = 768;
+  for (jit::XLayout lay : {jit::XLayout::bf16, jit::XLayout::bf16_q4, jit::XLayout::f32})
+    for (jit::XSums sums : {jit::XSums{32, 256}, jit::XSums{16, 256}}) {
+      const jit::XPrep prep(lay, jit::Isa::avx512_bf16, sums);
+      EXPECT_EQ(prep.vector_bytes(k), k * int64_t(prep.elem_bytes()) + 3 * jit::kXSumBytes);
+      std::vector<uint16_t> src(static_cast<size_t>(k));
+      for (auto& e : src) e = fmt::f32_to_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
+      std::vector<uint8_t> a(size_t(prep.vector_bytes(k)), 0), b = a;
+      prep.prepare(a.data(), src.data(), k);
+      std::vector<float> v(static_cast<size_t>(k));
+      for (int64_t i = 0; i < k; ++i) v[size_t(i)] = fmt::bf16_to_f32(src[size_t(i)]);
+      for (int64_t k0 = 0; k0 < k; k0 += sums.span) prep.store(b.data(), k0, v.data() + k0, sums.span);
+      EXPECT_EQ(a, b);
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t at = prep.position(i) * int64_t(prep.elem_bytes());
+        const int64_t blk = i / sums.block;
+        EXPECT_GE(at, blk * (sums.block * int64_t(prep.elem_bytes()) + jit::kXSumBytes));
+        float got;
+        if (prep.elem_bytes() == 4) {
+          std::memcpy(&got, &a[size_t(at)], 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, &a[size_t(at)], 2);
+          got = fmt::bf16_to_f32(h);
+        }
+        EXPECT_EQ(got, v[size_t(i)]) << i;
+      }
+      for (int64_t s0 = 0; s0 < k; s0 += sums.span) {
+        float want = 0.0f, got;
+        for (int64_t i = s0; i < s0 + sums.span; ++i) want += v[size_t(i)];
+        std::memcpy(&got, &a[size_t(prep.sum_offset(s0))], 4);
+        EXPECT_EQ(got, want) << s0;
+      }
+    }
+}
+
+// A body other than the row body driving a decoder: other registers lent
+// (the row body lends 0-9 in order), rows read through one cursor register with
+// displacements, the widened vectors stored. This is what a tile body does
+// (16 rows widened into a tile buffer); each slot must hold the element the
+// prepared-x layout puts there.
+class WidenProbe : public jit::Generator {
+ public:
+  using Fn = void (*)(const void* w, void* out);
+  bool build(jit::Decoder& dec, int64_t row_bytes, int rows, std::string* err) {
+    using namespace Xbyak;
+    const bool zmm = dec.key().isa != jit::Isa::avx2;
+    auto v = [&](int i) { return zmm ? Xmm(Zmm(i)) : Xmm(Ymm(i)); };
+    jit::DecodeRegs r;
+    for (int i = 0; i < 4; ++i) r.w[i] = v(10 + i);
+    r.t[0] = v(14);
+    r.t[1] = v(15);
+    r.scale = v(9);
+    for (int i = 0; i < 5; ++i) r.c[i] = v(4 + i);
+    r.tmp = rax;
+    r.aux = r11;
+    r.tail = k1;
+    r.scale_row = r8;
+    r.rows_left = r9;
+    r.count = r10;
+    r.src = rcx;
+    r.dst = rdx;
+    dec.bind(*this, r);
+    dec.emit_constants();
+    const int n = dec.shape().vectors(), vbytes = zmm ? 64 : 32;
+    for (int row = 0; row < rows; ++row) {
+      dec.load_widen(jit::Cursor{rdi, row * row_bytes}, 0, dec.shape().step, r.w);
+      for (int i = 0; i < n; ++i) vmovups(ptr[rsi + (row * n + i) * vbytes], r.w[i]);
+    }
+    vzeroupper();
+    ret();
+    dec.emit_data();
+    return finalize(err);
+  }
+  Fn fn() const { return getCode<Fn>(); }
+};
+
+// Element bytes with unit scales, so formats::weight gives each element's value.
+Bank unit_bank(Format f, int64_t rows, int64_t k, int group, std::mt19937& rng) {
+  Bank b = make_bank(f, ScaleDtype::bf16, rows, k, rng, group);
+  const int bb = f == Format::q4_0 ? 18 : 34;
+  if (f == Format::q4_0 || f == Format::q8_0)
+    for (size_t blk = 0; blk < b.w.size() / size_t(bb); ++blk)
+      b.w[blk * size_t(bb)] = 0x00, b.w[blk * size_t(bb) + 1] = 0x3C;  // d = 1.0
+  if (f == Format::fp8_block)
+    for (size_t i = 0; i + 1 < b.scales.size(); i += 2) b.scales[i] = 0x80, b.scales[i + 1] = 0x3F;  // 1.0
+  if (is_mx8(f)) std::fill(b.scales.begin(), b.scales.end(), uint8_t(127));
+  if (f == Format::nvfp4) {
+    std::fill(b.scales.begin(), b.scales.end(), uint8_t(0x38));
+    std::fill(b.row_scales.begin(), b.row_scales.end(), 1.0f);
+  }
+  return b;
+}
+
+TEST(Decoders, LoadWidenIntoAnyRegistersAndRows) {
+  std::mt19937 rng(17);
+  int checked = 0;
+  for (const Variant& v : kVariants)
+    for (Format f : {Format::bf16, Format::fp8_block, Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::q8_0,
+                     Format::q4_0, Format::mxfp4, Format::nvfp4}) {
+      if (!variant_available(v, f)) continue;
+      const int group = f == Format::nvfp4 ? 16 : f == Format::fp8_block ? 128 : 32;
+      const int k = 256, rows = 3;
+      Bank b = unit_bank(f, rows, k, group, rng);
+      jit::KernelKey key = make_key(v, f, ScaleDtype::bf16, k, rows, 1, group, b.layout.scale_stride);
+      key.group = f == Format::bf16 ? 0 : group;
+      std::string err;
+      ASSERT_TRUE(jit::gemv_supported(key, &err)) << key.name() << ": " << err;
+      auto dec = jit::make_decoder(key);
+      ASSERT_TRUE(dec) << key.name();
+      WidenProbe probe;
+      ASSERT_TRUE(probe.build(*dec, fmt::row_bytes(f, k), rows, &err)) << key.name() << ": " << err;
+      const jit::DecodeShape& s = dec->shape();
+      const jit::XPrep prep = dec->x_prep();
+      const int vbytes = v.isa == jit::Isa::avx2 ? 32 : 64;
+      std::vector<uint8_t> out(size_t(rows * s.vectors() * vbytes), 0xEE);
+      probe.fn()(b.w.data(), out.data());
+      // fp32 widenings through fp16 hold e4m3 * 2^-8 (the row total's factor).
+      double factor = 0.0;
+      for (int r = 0; r < rows; ++r)
+        for (int kk = 0; kk < s.step; ++kk) {
+          const int64_t slot = prep.position(kk);
+          const uint8_t* at = &out[size_t(r * s.vectors() * vbytes) + size_t(slot) * prep.elem_bytes()];
+          double got;
+          if (prep.elem_bytes() == 4) {
+            float g;
+            std::memcpy(&g, at, 4);
+            got = g;
+          } else {
+            uint16_t h;
+            std::memcpy(&h, at, 2);
+            got = fmt::bf16_to_f32(h);
+          }
+          const double want = fmt::weight(b.layout, b.ref(), r, kk);
+          if (factor == 0.0 && got != 0.0) factor = want / got;
+          ASSERT_TRUE(factor == 0.0 || factor == 1.0 || factor == 256.0) << key.name() << " " << factor;
+          ASSERT_EQ(got * (factor == 0.0 ? 1.0 : factor), want) << key.name() << " row " << r << " k " << kk;
+        }
+      ++checked;
+    }
+  EXPECT_GT(checked, 8);
+}
 
 TEST(KernelKey, NameHashEquality) {
   jit::KernelKey a;
