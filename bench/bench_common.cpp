@@ -1,14 +1,20 @@
 #include "bench_common.h"
 
 #include <algorithm>
+#include <string>
 
 #include "bench_util.h"
 
 namespace moejit_gbench {
 
 const std::vector<moejit_isa>& all_tiers() {
-  static const std::vector<moejit_isa> kTiers = {MOEJIT_ISA_SCALAR, MOEJIT_ISA_AVX2, MOEJIT_ISA_AVX512,
-                                                 MOEJIT_ISA_AVX512_BF16};
+  // The library names every tier it has ("unknown" past them).
+  static const std::vector<moejit_isa> kTiers = [] {
+    std::vector<moejit_isa> r;
+    for (int i = MOEJIT_ISA_SCALAR; std::string(moejit_isa_name(moejit_isa(i))) != "unknown"; ++i)
+      r.push_back(moejit_isa(i));
+    return r;
+  }();
   return kTiers;
 }
 

@@ -17,6 +17,7 @@
 #include "formats/formats.h"
 #include "jit/gemv.h"
 #include "jit/kernel_cache.h"
+#include "jit/tiers.h"
 #include "runtime/plan.h"
 
 namespace {
@@ -32,7 +33,14 @@ const int32_t kTokens[] = {1, 4};   // capped at the tier's tokens per call
 const moejit_format kFormats[] = {MOEJIT_FORMAT_BF16,       MOEJIT_FORMAT_FP8_BLOCK, MOEJIT_FORMAT_MXFP8_E4M3,
                                   MOEJIT_FORMAT_MXFP8_E5M2, MOEJIT_FORMAT_Q8_0,      MOEJIT_FORMAT_MXFP4,
                                   MOEJIT_FORMAT_NVFP4,      MOEJIT_FORMAT_Q4_0};
-const jit::Isa kTiers[] = {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16};
+// The tiers with kernels of their own (jit/tiers.h: the scalar tier has none).
+std::vector<jit::Isa> kernel_tiers() {
+  std::vector<jit::Isa> r;
+  for (int i = 0; i < jit::kTierCount; ++i)
+    if (jit::tier(i).isa != jit::Isa::scalar && jit::kernel_isa(jit::tier(i).isa) == jit::tier(i).isa)
+      r.push_back(jit::tier(i).isa);
+  return r;
+}
 
 // The key the runtime resolves for a kRows-row call of a [*, k] matrix.
 jit::KernelKey kernel_key(moejit_format f, jit::Isa isa, int32_t k, int32_t tokens) {
@@ -111,7 +119,7 @@ int main(int argc, char** argv) {
       ->UseRealTime()
       ->Unit(benchmark::kMillisecond);
   for (moejit_format f : kFormats)
-    for (jit::Isa isa : kTiers)
+    for (jit::Isa isa : kernel_tiers())
       for (int32_t k : kKs) {
         // Tokens beyond the tier's register budget are tiled by the runtime: measure its largest.
         const int32_t most = jit::max_tokens_per_call(kernel_key(f, isa, k, 1));

@@ -292,9 +292,24 @@ bool parse_activation(const std::string& name, moejit_activation* out) {
 }
 
 bool parse_isa(const std::string& name, moejit_isa* out) {
-  for (int i = MOEJIT_ISA_AUTO; i <= MOEJIT_ISA_AVX512_BF16; ++i)
-    if (name == moejit_isa_name(moejit_isa(i))) return *out = moejit_isa(i), true;
+  if (name == "auto") return *out = MOEJIT_ISA_AUTO, true;
+  for (moejit_isa i : api_tiers())
+    if (name == moejit_isa_name(i)) return *out = i, true;
   return false;
+}
+
+std::vector<moejit_isa> api_tiers() {
+  // The library names every tier it has (and "unknown" past them).
+  std::vector<moejit_isa> r;
+  for (int i = MOEJIT_ISA_SCALAR; std::string(moejit_isa_name(moejit_isa(i))) != "unknown"; ++i)
+    r.push_back(moejit_isa(i));
+  return r;
+}
+
+std::string api_tier_names() {
+  std::string s;
+  for (moejit_isa i : api_tiers()) s += std::string(", ") + moejit_isa_name(i);
+  return s;
 }
 
 const char* dedup_label(DedupMode d) {

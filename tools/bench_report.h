@@ -138,6 +138,9 @@ std::string describe(const Geometry& g);  // one line: H=... I=... E=... top_k=.
 const char* activation_label(moejit_activation a);
 bool parse_activation(const std::string& name, moejit_activation* out);
 bool parse_isa(const std::string& name, moejit_isa* out);
+// Every tier the library names, lowest first, and their names as ", scalar, avx2, ...".
+std::vector<moejit_isa> api_tiers();
+std::string api_tier_names();
 const char* dedup_label(DedupMode d);
 
 // Warnings worth a reader's attention (library byte count differs, non-finite outputs, ...).
