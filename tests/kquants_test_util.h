@@ -18,6 +18,7 @@
 
 #include "formats/formats.h"
 #include "formats/kquants.h"
+#include "rng.h"
 
 namespace kquants_test {
 namespace fm = moejit::formats;
@@ -189,7 +190,7 @@ inline bool same_or_both_nan(double a, double b) { return (std::isnan(a) && std:
 
 // ---------------------------------------------------------------- data
 
-inline std::vector<uint8_t> random_blocks(KQuant f, int n, std::mt19937& rng, bool finite_scales = true) {
+inline std::vector<uint8_t> random_blocks(KQuant f, int n, moejit_test::Rng& rng, bool finite_scales = true) {
   const fm::KQuantTraits& t = fm::kquant_traits(f);
   const BitMap b = bit_map(f);
   std::vector<uint8_t> v(size_t(n) * t.block_bytes);
@@ -215,7 +216,7 @@ inline void set_fp16(const Field& fld, uint8_t* blk, uint16_t h) {
 
 // bf16 activations as fp32: normal values of several magnitudes, and some
 // signed zeros and bf16 subnormals.
-inline std::vector<float> bf16_x(int64_t k, std::mt19937& rng) {
+inline std::vector<float> bf16_x(int64_t k, moejit_test::Rng& rng) {
   std::normal_distribution<float> nd;
   std::vector<float> x(static_cast<size_t>(k));
   for (auto& v : x) {

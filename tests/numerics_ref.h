@@ -10,6 +10,7 @@
 
 #include "formats/formats.h"
 #include "moejit.h"
+#include "rng.h"
 
 namespace moejit_test {
 
@@ -19,20 +20,6 @@ constexpr double kU = 1.0 / 16777216.0;  // 2^-24, fp32 unit roundoff
 // Activation functions evaluated in fp32 by a kernel are trusted to within
 // kActUlps * 2^-24 * |gate| * (|up| (+1 for swiglu_oai)) of the exact value.
 constexpr double kActUlps = 16;
-
-struct Rng {
-  uint64_t s;
-  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 0x1234567ull) {}
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  int uniform(int lo, int hi) { return lo + int(next() % uint64_t(hi - lo + 1)); }  // inclusive
-  double unit() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }       // [0, 1)
-  bool chance(double p) { return unit() < p; }
-};
 
 // How test data is drawn.
 //  exact:  every product and partial sum of pass 1 is exact in fp32 (bf16

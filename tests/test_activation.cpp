@@ -11,6 +11,7 @@
 
 #include "formats/formats.h"
 #include "jit/cpu.h"
+#include "rng.h"
 #include "runtime/activation.h"
 
 namespace {
@@ -52,7 +53,7 @@ TEST(ExpAct, WithinOneUlpOfDouble) {
 TEST(ActivateBf16N, Avx512SameBitsAsScalar) {
   if (!moejit::jit::isa_available(moejit::jit::Isa::avx512)) GTEST_SKIP() << "this CPU lacks avx512";
   std::vector<float> gate, up;
-  std::mt19937 rng(5);
+  moejit_test::Rng rng(5);
   const float ups[] = {1.0f, -0.75f, 3.5e-3f, 1e30f, -0.0f, 9.0f, -8.0f};
   for (uint32_t b = 0; b < 0x10000u; ++b)
     for (float u : ups) {
@@ -110,7 +111,7 @@ TEST(ActivateBf16N, Avx512SameBitsAsScalar) {
 // AVX-512 loop and by the scalar one, against the formula written out.
 TEST(ActivateBf16InN, BothPathsRoundTheInputs) {
   std::vector<float> gate, up;
-  std::mt19937 rng(9);
+  moejit_test::Rng rng(9);
   std::normal_distribution<float> nd(0.0f, 4.0f);
   for (int i = 0; i < 300000; ++i) {
     gate.push_back(nd(rng));  // fp32 values: rounding them to bf16 first matters

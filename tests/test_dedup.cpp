@@ -13,6 +13,7 @@
 
 #include "formats/quantize.h"
 #include "moejit.h"
+#include "rng.h"
 
 namespace {
 
@@ -37,7 +38,7 @@ struct Bank {
 
 // Random fp32 weights through formats/quantize (dense scale rows, bf16 scales
 // for fp8_block); counts the bytes the stats report per expert.
-Proj quantized(fm::Format f, int64_t rows, int64_t k, std::mt19937& rng, size_t* bytes) {
+Proj quantized(fm::Format f, int64_t rows, int64_t k, moejit_test::Rng& rng, size_t* bytes) {
   fm::Layout l;
   l.format = f;
   l.group = fm::default_group(f, 0);
@@ -62,7 +63,7 @@ Proj quantized(fm::Format f, int64_t rows, int64_t k, std::mt19937& rng, size_t*
   return p;
 }
 
-Bank make_bank(int format, std::mt19937& rng) {
+Bank make_bank(int format, moejit_test::Rng& rng) {
   Bank b;
   b.format = format;
   for (int e = 0; e < E; ++e) {
@@ -84,7 +85,7 @@ Bank make_bank(int format, std::mt19937& rng) {
 
 enum class Routing { random, skewed, same };
 
-std::vector<int32_t> make_ids(Routing r, std::mt19937& rng) {
+std::vector<int32_t> make_ids(Routing r, moejit_test::Rng& rng) {
   std::vector<int32_t> ids(size_t(TM) * K);
   for (auto& id : ids) {
     switch (r) {
@@ -137,7 +138,7 @@ Result run(const Bank& b, moejit_isa isa, int threads, uint32_t flags, int T, co
 }
 
 TEST(Dedup, SameBitsOnAndOffEveryTierAndRouting) {
-  std::mt19937 rng(7);
+  moejit_test::Rng rng(7);
   std::vector<uint16_t> x(size_t(TM) * H);
   for (auto& v : x) v = uint16_t(0x3C00 + rng() % 0x400 + (rng() & 0x8000));
   std::vector<float> w(size_t(TM) * K);
@@ -179,7 +180,7 @@ TEST(Dedup, SameBitsOnAndOffEveryTierAndRouting) {
 }
 
 TEST(Dedup, EnvironmentSwitchIsReadAtContextCreation) {
-  std::mt19937 rng(9);
+  moejit_test::Rng rng(9);
   const Bank b = make_bank(MOEJIT_FORMAT_FP8_BLOCK, rng);
   std::vector<uint16_t> x(size_t(TM) * H, 0x3F80);
   std::vector<float> w(size_t(TM) * K, 0.5f);

@@ -10,6 +10,7 @@
 #include "formats/formats.h"
 #include "jit/cpu.h"
 #include "mxcsr.h"
+#include "rng.h"
 #include "runtime/ds_round.h"
 
 namespace {
@@ -70,7 +71,7 @@ TEST(DsActRoundTripN, Avx512SameBitsAsScalar) {
     bad += differences(v, "infinity");
   }
   // Random lengths: the masked tails of the 32- and 16-lane loops, short last blocks.
-  std::mt19937 rng(11);
+  moejit_test::Rng rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int64_t n = 1; n <= 300; ++n) {
     std::vector<uint16_t> v(static_cast<size_t>(n));
@@ -113,7 +114,7 @@ TEST(DsActRoundTripN, SameBitsUnderAnyMxcsr) {
 // call must still be correct for a tier that lacks it.
 TEST(DsActRoundTripN, ScalarTierIsTheReference) {
   std::vector<uint16_t> src(1000);
-  std::mt19937 rng(3);
+  moejit_test::Rng rng(3);
   for (auto& x : src) x = uint16_t(rng());
   std::vector<uint16_t> want(src.size()), got(src.size());
   fm::ds_act_roundtrip(src.data(), int64_t(src.size()), want.data());

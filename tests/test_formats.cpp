@@ -14,6 +14,7 @@
 
 #include "formats/formats.h"
 #include "mxcsr.h"
+#include "rng.h"
 
 namespace fm = moejit::formats;
 
@@ -191,7 +192,7 @@ TEST(E4m3Encode, MidpointsTieToEvenAndNeighboursDoNot) {
 }
 
 TEST(E4m3Encode, RandomFp32MatchesSearch) {
-  std::mt19937 rng(3);
+  moejit_test::Rng rng(3);
   for (int i = 0; i < 200000; ++i) {
     // Magnitudes 2^-30..2^10 (below, across and above e4m3's range), any mantissa.
     const float f = bits_f32((rng() & 0x80000000u) | uint32_t(97 + rng() % 40) << 23 | (rng() & 0x7FFFFFu));
@@ -306,7 +307,7 @@ TEST(E4m3Round, SameValueAsEncodeThenDecode) {
   for (int k : {-24, -12, -9, -6, 0, 3, 8, 20})
     for (uint32_t b = 0; b < 0x10000u && bad < 8; ++b)
       bad += !check(std::ldexp(fm::bf16_to_f32(uint16_t(b)), k));
-  std::mt19937 rng(11);
+  moejit_test::Rng rng(11);
   for (int i = 0; i < 1000000 && bad < 8; ++i) {
     const uint32_t u = uint32_t(rng());
     float f;
@@ -447,7 +448,7 @@ TEST(DsActRoundTrip, TiesToEven) {
 
 TEST(DsActRoundTrip, NaNAndInfPoisonOnlyTheirBlock) {
   std::vector<uint16_t> x(3 * 128 + 20);
-  std::mt19937 rng(5);
+  moejit_test::Rng rng(5);
   for (auto& v : x) v = uint16_t((rng() & 0x8000) | (0x3A00 + rng() % 0x800));
   x[130] = 0x7FC1;  // NaN in block 1
   x[300] = 0xFF80;  // -inf in block 2
@@ -462,7 +463,7 @@ TEST(DsActRoundTrip, NaNAndInfPoisonOnlyTheirBlock) {
 }
 
 TEST(DsActRoundTrip, BlocksOf128WithShortTail) {
-  std::mt19937 rng(11);
+  moejit_test::Rng rng(11);
   for (int n : {1, 31, 127, 128, 129, 200, 256, 2880, 7168 + 64}) {
     std::vector<uint16_t> x(static_cast<size_t>(n));
     for (size_t i = 0; i < x.size(); ++i) {
@@ -521,7 +522,7 @@ TEST(Bf16, RoundTripEveryCode) {
 
 TEST(Bf16, RoundToNearestEvenEveryHighHalf) {
   // Every upper half with low halves around the midpoint and random ones.
-  std::mt19937 rng(7);
+  moejit_test::Rng rng(7);
   const uint32_t lows[] = {0x0000, 0x0001, 0x3FFF, 0x7FFF, 0x8000, 0x8001, 0xBFFF, 0xFFFF};
   for (uint32_t hi = 0; hi < 65536; ++hi) {
     const uint32_t e = (hi >> 7) & 0xFF;
@@ -678,7 +679,7 @@ TEST(E8m0, AllCodes) {
 TEST(Weight, Fp8BlockIndexingWithPaddedStride) {
   for (int sd = 0; sd < 2; ++sd) {
     const int64_t rows = 300, k = 333, cols = 3, srows = 3, stride = 5;
-    std::mt19937 rng(11 + sd);
+    moejit_test::Rng rng(11 + sd);
     std::vector<uint8_t> w(size_t(rows * k));
     for (auto& b : w) b = uint8_t(rng());
     std::vector<float> sv(size_t(srows * stride), NAN);
@@ -709,7 +710,7 @@ TEST(Weight, Fp8BlockIndexingWithPaddedStride) {
 TEST(Weight, Bf16) {
   const int64_t rows = 5, k = 77;
   std::vector<uint16_t> w(size_t(rows * k));
-  std::mt19937 rng(3);
+  moejit_test::Rng rng(3);
   for (auto& v : w) v = uint16_t(0x3C00 + (rng() & 0x0FFF)) ^ uint16_t(rng() & 0x8000);
   fm::Layout l;
   l.format = fm::Format::bf16;

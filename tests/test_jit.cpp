@@ -16,6 +16,7 @@
 #include "jit/gemv.h"
 #include "jit/generator.h"
 #include "jit/kernel_cache.h"
+#include "rng.h"
 
 namespace {
 
@@ -67,7 +68,7 @@ struct Bank {
 // Random bank with padded, NaN-poisoned scale rows.
 bool is_mx8(Format f) { return f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2 || f == Format::mxfp4; }
 
-Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, std::mt19937& rng, int group = 128) {
+Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, moejit_test::Rng& rng, int group = 128) {
   Bank b;
   b.layout.format = f;
   b.layout.scale_dtype = sdt;
@@ -155,7 +156,7 @@ jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k, int r
 
 // Runs one kernel on random bf16 activations and checks every output against
 // float64 from formats::weight, with the summation bound 2^-24 (K + 64) sum|w x|.
-void expect_matches_reference(const jit::Kernel& kern, const Bank& b, std::mt19937& rng) {
+void expect_matches_reference(const jit::Kernel& kern, const Bank& b, moejit_test::Rng& rng) {
   const jit::KernelKey& key = kern.key();
   const int k = key.k, rows = key.rows, tokens = key.tokens;
   std::vector<float> x(size_t(tokens) * size_t(k));
@@ -180,7 +181,7 @@ class GemvKernels : public ::testing::TestWithParam<Variant> {};
 
 TEST_P(GemvKernels, MatchFloat64Reference) {
   const Variant v = GetParam();
-  std::mt19937 rng(42);
+  moejit_test::Rng rng(42);
   int checked = 0;
   for (Format f : {Format::bf16, Format::fp8_block}) {
     if (!variant_available(v, f)) continue;
@@ -243,7 +244,7 @@ TEST_P(GemvKernels, EveryE4m3Code) {
 // the NaN code, one scale row per weight row.
 TEST_P(GemvKernels, Mxfp8MatchFloat64Reference) {
   const Variant v = GetParam();
-  std::mt19937 rng(5);
+  moejit_test::Rng rng(5);
   int checked = 0;
   for (Format f : {Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxfp4}) {
     if (!variant_available(v, f)) continue;
@@ -274,7 +275,7 @@ TEST_P(GemvKernels, Mxfp8MatchFloat64Reference) {
 TEST_P(GemvKernels, Nvfp4MatchFloat64Reference) {
   const Variant v = GetParam();
   if (!variant_available(v, Format::nvfp4)) GTEST_SKIP() << "this CPU lacks " << v.name;
-  std::mt19937 rng(7);
+  moejit_test::Rng rng(7);
   for (int k : {16, 32, 48, 144, 2880, 2896}) {
     for (int rows : {1, 5, 16}) {
       for (int tokens = 1; tokens <= jit::max_tokens_per_call(v.isa, int32_t(Format::nvfp4)); ++tokens) {
@@ -385,7 +386,7 @@ TEST_P(GemvKernels, FourBitEveryCodeEveryColumn) {
 // GGUF q4_0 / q8_0 blocks (unaligned 18- and 34-byte blocks, fp16 d inline).
 TEST_P(GemvKernels, GgufMatchFloat64Reference) {
   const Variant v = GetParam();
-  std::mt19937 rng(11);
+  moejit_test::Rng rng(11);
   int checked = 0;
   for (Format f : {Format::q4_0, Format::q8_0}) {
     if (!variant_available(v, f)) continue;
@@ -466,7 +467,7 @@ INSTANTIATE_TEST_SUITE_P(Tiers, GemvKernels, ::testing::ValuesIn(kVariants),
 // each block, each sub-block summed in k order, the activations' slots shifted
 // past them; storing in sub-block pieces gives the bytes of one prepare.
 TEST(XPrep, SubBlockSumsAfterEachBlock) {
-  std::mt19937 rng(3);
+  moejit_test::Rng rng(3);
   const int64_t k = 768;
   for (jit::XLayout lay : {jit::XLayout::bf16, jit::XLayout::bf16_q4, jit::XLayout::f32})
     for (jit::XSums sums : {jit::XSums{32, 256}, jit::XSums{16, 256}}) {
@@ -545,7 +546,7 @@ class WidenProbe : public jit::Generator {
 };
 
 // Element bytes with unit scales, so formats::weight gives each element's value.
-Bank unit_bank(Format f, int64_t rows, int64_t k, int group, std::mt19937& rng) {
+Bank unit_bank(Format f, int64_t rows, int64_t k, int group, moejit_test::Rng& rng) {
   Bank b = make_bank(f, ScaleDtype::bf16, rows, k, rng, group);
   const int bb = f == Format::q4_0 ? 18 : 34;
   if (f == Format::q4_0 || f == Format::q8_0)
@@ -562,7 +563,7 @@ Bank unit_bank(Format f, int64_t rows, int64_t k, int group, std::mt19937& rng) 
 }
 
 TEST(Decoders, LoadWidenIntoAnyRegistersAndRows) {
-  std::mt19937 rng(17);
+  moejit_test::Rng rng(17);
   int checked = 0;
   for (const Variant& v : kVariants)
     for (Format f : {Format::bf16, Format::fp8_block, Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::q8_0,

@@ -10,6 +10,7 @@
 // The quantizers are in test_kquants_quantize.cpp; gguf-py and ggml's
 // quantizers are the references of crosscheck_kquants.
 #include "kquants_test_util.h"
+#include "rng.h"
 
 using namespace kquants_test;
 
@@ -97,7 +98,7 @@ TEST(KQuantFormatDecode, BitMapCoversEveryBitOnce) {
 TEST(KQuantFormatDecode, EveryBitFlipChangesOnlyItsField) {
   // Flips each bit of random blocks in turn; every decoded field must equal the
   // per-bit decode of the flipped block (a swapped nibble or shifted field fails).
-  std::mt19937 rng(11);
+  moejit_test::Rng rng(11);
   for (KQuant f : kAll) {
     const BitMap b = bit_map(f);
     const fm::KQuantTraits& t = fm::kquant_traits(f);
@@ -128,7 +129,7 @@ TEST(KQuantFormatDecode, EveryBitFlipChangesOnlyItsField) {
 TEST(KQuantFormatDecode, EveryValueOfEveryScaleByte) {
   // Each byte of the scale field (q4_K / q5_K / q3_K: 12 packed bytes; q2_K:
   // 16 nibble pairs; q6_K: 16 int8) takes all 256 values, the others random.
-  std::mt19937 rng(12);
+  moejit_test::Rng rng(12);
   for (KQuant f : kAll) {
     const BitMap b = bit_map(f);
     const fm::KQuantTraits& t = fm::kquant_traits(f);
@@ -160,7 +161,7 @@ TEST(KQuantFormatDecode, EveryValueOfEveryScaleByte) {
 }
 
 TEST(KQuantFormatDecode, WeightsMatchTheFormulaForEveryElement) {
-  std::mt19937 rng(13);
+  moejit_test::Rng rng(13);
   for (KQuant f : kAll) {
     const BitMap b = bit_map(f);
     const int nb = 6;
@@ -184,7 +185,7 @@ TEST(KQuantFormatDecode, ExtremeDAndDminPropagate) {
   // fp16 zeros, subnormals, the largest finite, inf and NaN in d and in dmin.
   const uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x3C00,
                               0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFFFF};
-  std::mt19937 rng(14);
+  moejit_test::Rng rng(14);
   for (KQuant f : kAll) {
     const BitMap b = bit_map(f);
     for (uint16_t hd : special)
@@ -234,7 +235,7 @@ TEST(KQuantFormatDecode, ExtremeDAndDminPropagate) {
 // ---------------------------------------------------------------- reference GEMV
 
 TEST(KQuantFormatGemv, MatchesTheDocumentedOrderBitForBit) {
-  std::mt19937 rng(21);
+  moejit_test::Rng rng(21);
   for (KQuant f : kAll)
     for (int64_t n : {1, 2, 3, 7, 11, 28}) {
       const int64_t k = 256 * n, rows = 5;
@@ -256,7 +257,7 @@ TEST(KQuantFormatGemv, MatchesTheDocumentedOrderBitForBit) {
 }
 
 TEST(KQuantFormatGemv, SubSumsAreSequentialFp32Sums) {
-  std::mt19937 rng(22);
+  moejit_test::Rng rng(22);
   for (KQuant f : kAll) {
     const int64_t k = 768, bl = fm::kquant_traits(f).sub_block_size;
     std::vector<float> x = bf16_x(k, rng);
@@ -276,7 +277,15 @@ TEST(KQuantFormatGemv, SubSumsAreSequentialFp32Sums) {
       const std::vector<uint8_t> row = random_blocks(f, 3, rng);
       float y0, y1;
       fm::kquant_gemv(f, row.data(), k, 1, x.data(), sx.data(), &y0);
-      sx[7] += 1.0f;
+      // A sub-block whose min term is not zero (dmin * m[j] != 0): its S_x counts.
+      const fm::KQuantTraits& t = fm::kquant_traits(f);
+      int64_t s = -1;
+      for (int64_t c = 0; c < k / bl && s < 0; ++c) {
+        const uint8_t* blk = row.data() + (c / t.sub_blocks) * t.block_bytes;
+        if (fm::kquant_dmin(f, blk) != 0.0f && fm::kquant_sub(f, blk, int(c % t.sub_blocks)).m != 0) s = c;
+      }
+      ASSERT_GE(s, 0) << name(f) << ": the random row has no sub-block with a min";
+      sx[size_t(s)] += 1.0f;
       fm::kquant_gemv(f, row.data(), k, 1, x.data(), sx.data(), &y1);
       EXPECT_NE(y0, y1) << name(f);
     }
@@ -286,7 +295,7 @@ TEST(KQuantFormatGemv, SubSumsAreSequentialFp32Sums) {
 TEST(KQuantFormatGemv, Float64ReferenceWithinBound) {
   // Random blocks and quantized bell-shaped rows, K = 256 n for several n; the
   // bound is taken against sum(|d sc q x| + |dmin m x|), since the two terms cancel.
-  std::mt19937 rng(23);
+  moejit_test::Rng rng(23);
   std::normal_distribution<float> nd;
   for (KQuant f : kAll)
     for (int64_t n : {1, 2, 4, 9, 16}) {
@@ -313,7 +322,7 @@ TEST(KQuantFormatGemv, Float64ReferenceWithinBound) {
 
 TEST(KQuantFormatGemv, UnalignedRowsGiveTheSameBits) {
   // Engines pass rows where they lie in a mapped file: any address.
-  std::mt19937 rng(24);
+  moejit_test::Rng rng(24);
   for (KQuant f : kAll) {
     const int64_t k = 512, rows = 5, rb = fm::kquant_row_bytes(f, k);
     const std::vector<uint8_t> data = random_blocks(f, int(rows * 2), rng);

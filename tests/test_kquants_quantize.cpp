@@ -3,12 +3,13 @@
 // zero blocks, independence of rows and blocks, non-finite inputs, argument
 // checks. Their bytes are compared with ggml's in crosscheck_kquants.
 #include "kquants_test_util.h"
+#include "rng.h"
 
 using namespace kquants_test;
 
 namespace {
 
-std::vector<float> bell_rows(int64_t rows, int64_t k, std::mt19937& rng, float scale) {
+std::vector<float> bell_rows(int64_t rows, int64_t k, moejit_test::Rng& rng, float scale) {
   std::normal_distribution<float> nd;
   std::vector<float> w(size_t(rows * k));
   for (auto& v : w) v = nd(rng) * scale;
@@ -29,7 +30,7 @@ TEST(KQuantQuantize, RoundTripRmsError) {
   // quantizers on such data: about 0.30 (q2_K), 0.15 (q3_K), 0.070 (q4_K), 0.036
   // (q5_K), 0.018 (q6_K); the limits leave ~15% room and fail for a broken fit,
   // scale packing or level packing.
-  std::mt19937 rng(31);
+  moejit_test::Rng rng(31);
   for (KQuant f : kAll) {
     const double limit = f == KQuant::q2_K   ? 0.35
                          : f == KQuant::q3_K ? 0.18
@@ -56,7 +57,7 @@ TEST(KQuantQuantize, EachElementIsTheNearestLevelOfItsStoredScales) {
   // ggml re-rounds every element against the stored (fp16 d and dmin, integer
   // sc and m) scales: its level is the nearest of the sub-block's grid, up to
   // the fp32 rounding of (x + dmin m) / (d sc).
-  std::mt19937 rng(32);
+  moejit_test::Rng rng(32);
   for (KQuant f : kAll) {
     const BitMap b = bit_map(f);
     const int lo = f == KQuant::q6_K ? -32 : f == KQuant::q3_K ? -4 : 0;
@@ -94,7 +95,7 @@ TEST(KQuantQuantize, ScalesUseTheirFullRange) {
   // super-block to the top code: 63 (q4_K, q5_K), 15 (q2_K), -128 (q6_K, d
   // negative: d = max / -128), -32 (q3_K); the fp16 d is then that scale divided
   // by the top code, so d * top is within fp16 rounding of the largest fit.
-  std::mt19937 rng(33);
+  moejit_test::Rng rng(33);
   for (KQuant f : kAll) {
     const BitMap b = bit_map(f);
     const int64_t rows = 4, k = 1024;
@@ -129,7 +130,7 @@ TEST(KQuantQuantize, ZeroAndTinyBlocksDecodeToZero) {
 }
 
 TEST(KQuantQuantize, RowsAndBlocksAreIndependentAndSizesExact) {
-  std::mt19937 rng(34);
+  moejit_test::Rng rng(34);
   for (KQuant f : kAll) {
     const int64_t rows = 3, k = 768, rb = fm::kquant_row_bytes(f, k), bb = fm::kquant_traits(f).block_bytes;
     const std::vector<float> w = bell_rows(rows, k, rng, 2.0f);
@@ -149,7 +150,7 @@ TEST(KQuantQuantize, RowsAndBlocksAreIndependentAndSizesExact) {
 TEST(KQuantQuantize, NonFiniteInputsAreDefined) {
   // ggml's arithmetic on NaN / inf is not promised to match, but ours is defined:
   // the same bytes each time, other super-blocks untouched, the count reported.
-  std::mt19937 rng(35);
+  moejit_test::Rng rng(35);
   for (KQuant f : kAll) {
     std::vector<float> w = bell_rows(1, 1024, rng, 1.0f);
     w[3] = NAN, w[300] = INFINITY, w[301] = -INFINITY;

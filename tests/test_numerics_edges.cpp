@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "fuzz/fuzz_util.h"
 #include "moejit.h"
 #include "numerics_helpers.h"
 #include "numerics_ref.h"
@@ -239,33 +240,9 @@ TEST_P(EdgeTier, DsFp4RoundTripOfGPerBlockOf128) {
 
 namespace {
 
-// `bytes` of read-write memory touching a PROT_NONE page on the chosen side
-// (and one on the other side a page away).
-class Guarded {
- public:
-  Guarded(size_t bytes, bool guard_after) {
-    page_ = size_t(sysconf(_SC_PAGESIZE));
-    const size_t pages = std::max<size_t>(1, (bytes + page_ - 1) / page_);
-    total_ = (pages + 2) * page_;
-    void* p = mmap(nullptr, total_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return;
-    base_ = static_cast<uint8_t*>(p);
-    mprotect(base_, page_, PROT_NONE);
-    mprotect(base_ + (pages + 1) * page_, page_, PROT_NONE);
-    ptr_ = guard_after ? base_ + (pages + 1) * page_ - bytes : base_ + page_;
-  }
-  ~Guarded() {
-    if (base_) munmap(base_, total_);
-  }
-  Guarded(const Guarded&) = delete;
-  Guarded& operator=(const Guarded&) = delete;
-  uint8_t* data() const { return ptr_; }
-
- private:
-  uint8_t* base_ = nullptr;
-  uint8_t* ptr_ = nullptr;
-  size_t page_ = 0, total_ = 0;
-};
+// The one guard-page buffer of the tests (tests/fuzz/fuzz_util.h): `bytes`
+// touching a PROT_NONE page on the chosen side.
+using fuzz::Guarded;
 
 struct GuardedCopies {
   std::vector<std::unique_ptr<Guarded>> bufs;

@@ -40,6 +40,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "rng.h"
 #endif
 
 namespace fm = moejit::formats;
@@ -430,7 +432,7 @@ const std::vector<Case>& cases() {
 // Random fp32 matrix: a normal body per row at a random magnitude (2^-20..2^8),
 // outliers, a few all-zero 32-element runs, exact zeros and tiny values.
 std::vector<float> random_matrix(int64_t rows, int64_t k, uint64_t seed) {
-  std::mt19937_64 g(seed);
+  moejit_test::Rng g(seed);
   std::normal_distribution<float> n(0.0f, 1.0f);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   std::vector<float> w(size_t(rows * k));
@@ -470,7 +472,7 @@ std::vector<double> midpoints(const Elem& E) {
 // A matrix whose blocks have a known exact scale and hold many exact element
 // midpoints (ties), so that a quantizer with the wrong tie rule fails.
 std::vector<float> tie_matrix(const Qm& q, uint64_t seed) {
-  std::mt19937_64 g(seed);
+  moejit_test::Rng g(seed);
   const fm::Layout& l = q.l;
   std::vector<float> w(size_t(l.rows * l.k), 0.0f);
   auto at = [&](int64_t r, int64_t k) -> float& { return w[size_t(r * l.k + k)]; };
@@ -679,7 +681,7 @@ TEST(Quantize, CheckerCatchesBrokenQuantizers) {
 // Banks whose values are exactly representable with the rule's own scales come
 // back bit-identical: quantize(dequantize(bytes)) == bytes.
 TEST(Quantize, RepresentableBanksRoundTripExactly) {
-  std::mt19937_64 g(5);
+  moejit_test::Rng g(5);
   auto pick = [&](int lo, int hi) { return lo + int(g() % uint64_t(hi - lo + 1)); };
   for (const Case& c : cases()) {
     SCOPED_TRACE(name_of(c));
@@ -998,7 +1000,7 @@ TEST(ElementEncoders, Fp16AgainstF16C) {
            {a, (a + b) / 2, std::nextafter((a + b) / 2, 0.0f), std::nextafter((a + b) / 2, INFINITY)})
         ASSERT_EQ(fm::f32_to_fp16(v), f16c_encode(v)) << v;
     }
-  std::mt19937 g(9);
+  moejit_test::Rng g(9);
   for (int i = 0; i < 2000000; ++i) {
     uint32_t u = g();
     float f;

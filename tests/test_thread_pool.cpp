@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "rng.h"
 #include "runtime/thread_pool.h"
 
 namespace {
@@ -73,7 +74,7 @@ void expect_each_item_once(const Recorder& r, const std::string& what) {
 }
 
 TEST(ThreadPool, EveryItemOncePhasesInOrderSyncAndAsync) {
-  std::mt19937 rng(7);
+  moejit_test::Rng rng(7);
   for (int threads : {1, 2, 3, 4}) {
     ThreadPool pool(threads, {});
     ASSERT_TRUE(pool.ok());
