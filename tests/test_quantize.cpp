@@ -41,6 +41,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "format_oracle.h"
 #include "rng.h"
 #endif
 
@@ -48,6 +49,8 @@ namespace fm = moejit::formats;
 using fm::Format;
 
 namespace {
+
+namespace oracle = moejit_test::oracle;
 
 constexpr uint8_t kPoison = 0xA5;
 constexpr size_t kGuard = 64;
@@ -101,53 +104,17 @@ void run(Qm& q, const std::vector<float>& w, const fm::QuantOptions& opt = {}) {
   ASSERT_TRUE(r.ok) << r.error;
 }
 
-// ------------------------------------------------------------------ reading codes (written from formats.md)
+// ------------------------------------------------------------------ reading codes (tests/format_oracle.h)
 
-int code_at(const Qm& q, int64_t r, int64_t k) {
-  const uint8_t* row = q.data.data() + r * fm::row_bytes(q.l.format, q.l.k);
-  switch (q.l.format) {
-    case Format::bf16: return row[2 * k] | row[2 * k + 1] << 8;
-    case Format::nvfp4:
-    case Format::mxfp4:
-    case Format::ds_fp4: return (k & 1) ? row[k / 2] >> 4 : row[k / 2] & 15;
-    case Format::q4_0: {
-      const uint8_t* qs = row + k / 32 * 18 + 2;
-      return k % 32 < 16 ? qs[k % 32] & 15 : qs[k % 32 - 16] >> 4;
-    }
-    case Format::q8_0: return int8_t(row[k / 32 * 34 + 2 + k % 32]);
-    default: return row[k];
-  }
+const uint8_t* row_of(const Qm& q, int64_t r) {
+  return q.data.data() + r * oracle::row_bytes(q.l.format, q.l.k);
 }
-
+int code_at(const Qm& q, int64_t r, int64_t k) { return oracle::code_at(q.l.format, row_of(q, r), k); }
 void set_code(Qm& q, int64_t r, int64_t k, int c) {
-  uint8_t* row = q.data.data() + r * fm::row_bytes(q.l.format, q.l.k);
-  switch (q.l.format) {
-    case Format::bf16: row[2 * k] = uint8_t(c), row[2 * k + 1] = uint8_t(c >> 8); break;
-    case Format::nvfp4:
-    case Format::mxfp4:
-    case Format::ds_fp4:
-      row[k / 2] = (k & 1) ? uint8_t((row[k / 2] & 15) | c << 4) : uint8_t((row[k / 2] & 0xF0) | c);
-      break;
-    case Format::q4_0: {
-      uint8_t* qs = row + k / 32 * 18 + 2;
-      const int j = int(k % 32);
-      if (j < 16)
-        qs[j] = uint8_t((qs[j] & 0xF0) | c);
-      else
-        qs[j - 16] = uint8_t((qs[j - 16] & 15) | c << 4);
-      break;
-    }
-    case Format::q8_0: row[k / 32 * 34 + 2 + k % 32] = uint8_t(int8_t(c)); break;
-    default: row[k] = uint8_t(c);
-  }
+  oracle::set_code(q.l.format, q.data.data() + r * oracle::row_bytes(q.l.format, q.l.k), k, c);
 }
-
 // fp16 d of the GGUF block holding (r, k).
-uint16_t gguf_d(const Qm& q, int64_t r, int64_t k) {
-  const int64_t bb = q.l.format == Format::q4_0 ? 18 : 34;
-  const uint8_t* p = q.data.data() + r * fm::row_bytes(q.l.format, q.l.k) + k / 32 * bb;
-  return uint16_t(p[0] | p[1] << 8);
-}
+uint16_t gguf_d(const Qm& q, int64_t r, int64_t k) { return oracle::gguf_d(q.l.format, row_of(q, r), k); }
 
 // Scale element (sr, sc) as stored (raw bits).
 uint32_t scale_bits(const Qm& q, int64_t sr, int64_t sc) {

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "format_oracle.h"
 #include "formats/formats.h"
 #include "formats/kquants.h"
 #include "formats/quantize.h"
@@ -39,41 +40,14 @@ float bits_f32(uint32_t u) {
   return f;
 }
 
-// value = (-1)^sign * mant * 2^exp as double; special handled by callers.
-double make(bool neg, double mant, int exp) { return (neg ? -1.0 : 1.0) * std::ldexp(mant, exp); }
-
-double ref_bf16(uint16_t v) {
-  const int e = (v >> 7) & 0xFF, m = v & 0x7F;
-  const bool neg = v & 0x8000;
-  if (e == 0xFF) return m ? NAN : (neg ? -INFINITY : INFINITY);
-  if (e == 0) return make(neg, m, -133);
-  return make(neg, 128 + m, e - 134);
-}
-
-double ref_fp16(uint16_t h) {
-  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
-  const bool neg = h & 0x8000;
-  if (e == 31) return m ? NAN : (neg ? -INFINITY : INFINITY);
-  if (e == 0) return make(neg, m, -24);
-  return make(neg, 1024 + m, e - 25);
-}
-
-double ref_e4m3(uint8_t b) {
-  const int e = (b >> 3) & 0xF, m = b & 7;
-  const bool neg = b & 0x80;
-  if (e == 0) return make(neg, m, -9);
-  return make(neg, 8 + m, e - 10);  // 0x7F: 15 * 2^5 = 480 (no NaN, no inf)
-}
-
-double ref_e5m2(uint8_t b) { return ref_fp16(uint16_t(b) << 8); }
-
-double ref_e2m1(uint8_t c) {
-  static const double kMag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
-  const double m = kMag[c & 7];
-  return (c & 8) ? -m : m;
-}
-
-double ref_e8m0(uint8_t s) { return s == 255 ? NAN : std::ldexp(1.0, int(s) - 127); }
+namespace oracle = moejit_test::oracle;
+using oracle::Parts;
+double ref_bf16(uint16_t v) { return oracle::bf16(v); }
+double ref_fp16(uint16_t h) { return oracle::fp16(h); }
+double ref_e4m3(uint8_t b) { return oracle::e4m3(b); }
+double ref_e5m2(uint8_t b) { return oracle::e5m2(b); }
+double ref_e2m1(uint8_t c) { return oracle::e2m1(c); }
+double ref_e8m0(uint8_t s) { return oracle::e8m0(s); }
 
 // Same value, or both NaN; zeros must agree in sign.
 bool same(double want, double got) {
@@ -152,97 +126,28 @@ int64_t pick_k(fuzz::Reader& in, Format f, int32_t group) {
   }
 }
 
-int64_t ref_row_bytes(Format f, int64_t k) {
-  switch (f) {
-    case Format::bf16: return 2 * k;
-    case Format::nvfp4:
-    case Format::mxfp4:
-    case Format::ds_fp4: return k / 2;
-    case Format::q4_0: return k / 32 * 18;
-    case Format::q8_0: return k / 32 * 34;
-    default: return k;
-  }
+int64_t ref_row_bytes(Format f, int64_t k) { return oracle::row_bytes(f, k); }
+
+oracle::Matrix oracle_matrix(const Case& c) {
+  oracle::Matrix m;
+  m.format = c.l.format;
+  m.scale_dtype = c.l.scale_dtype;
+  m.group = c.l.group;
+  m.k = c.l.k;
+  m.data = c.data.data();
+  m.scales = c.scales.data();
+  m.scale_stride = c.ref.scale_stride ? c.ref.scale_stride : c.l.scale_stride;
+  m.row_scales = c.row_scales.data();
+  return m;
 }
 
-// Weight (r, k) from the bytes, per docs/FORMATS.md, as its three factors:
-// the element value, the block scale and (nvfp4) the per-row scale.
-struct Parts {
-  double code = 0, bscale = 1, rscale = 1;
-  double weight() const { return code * bscale * rscale; }  // exact in double
-};
-
-Parts ref_parts(const Case& c, int64_t r, int64_t k) {
-  const fm::Layout& l = c.l;
-  const uint8_t* row = c.data.data() + r * ref_row_bytes(l.format, l.k);
-  const int64_t stride = c.ref.scale_stride ? c.ref.scale_stride : l.scale_stride;
-  auto e8m0_scale = [&](int64_t g) { return ref_e8m0(c.scales[size_t(r * stride + k / g)]); };
-  auto nibble = [&] {
-    const uint8_t byte = row[k / 2];
-    return ref_e2m1(k % 2 ? byte >> 4 : byte & 0xF);  // low nibble = even k
-  };
-  Parts p;
-  switch (l.format) {
-    case Format::bf16: p.code = ref_bf16(uint16_t(row[2 * k] | row[2 * k + 1] << 8)); break;
-    case Format::nvfp4:
-      p.code = nibble();
-      p.bscale = ref_e4m3(c.scales[size_t(r * stride + k / 16)]);
-      p.rscale = double(c.row_scales[size_t(r)]);
-      break;
-    case Format::mxfp4:
-    case Format::ds_fp4:
-      p.code = nibble();
-      p.bscale = e8m0_scale(32);
-      break;
-    case Format::q4_0: {
-      const uint8_t* blk = row + k / 32 * 18;  // fp16 d, then 16 bytes: j low nibbles, j + 16 high
-      const int j = int(k % 32);
-      p.code = (j < 16 ? blk[2 + j] & 0xF : blk[2 + j - 16] >> 4) - 8;
-      p.bscale = ref_fp16(uint16_t(blk[0] | blk[1] << 8));
-      break;
-    }
-    case Format::q8_0: {
-      const uint8_t* blk = row + k / 32 * 34;  // fp16 d, then 32 int8
-      p.code = double(int8_t(blk[2 + k % 32]));
-      p.bscale = ref_fp16(uint16_t(blk[0] | blk[1] << 8));
-      break;
-    }
-    case Format::fp8_block: {
-      const size_t idx = size_t((r / 128) * stride + k / 128);
-      if (l.scale_dtype == fm::ScaleDtype::f32) {
-        float v;
-        std::memcpy(&v, c.scales.data() + 4 * idx, 4);
-        p.bscale = v;
-      } else {
-        p.bscale = ref_bf16(uint16_t(c.scales[2 * idx] | c.scales[2 * idx + 1] << 8));
-      }
-      p.code = ref_e4m3(row[k]);
-      break;
-    }
-    case Format::mxfp8_e4m3:
-      p.code = ref_e4m3(row[k]);
-      p.bscale = e8m0_scale(l.group);
-      break;
-    case Format::mxfp8_e5m2:
-      p.code = ref_e5m2(row[k]);
-      p.bscale = e8m0_scale(l.group);
-      break;
-  }
-  return p;
-}
+// Weight (r, k) from the bytes, per docs/FORMATS.md (tests/format_oracle.h).
+Parts ref_parts(const Case& c, int64_t r, int64_t k) { return oracle::parts(oracle_matrix(c), r, k); }
 
 double ref_weight(const Case& c, int64_t r, int64_t k) { return ref_parts(c, r, k).weight(); }
 
 // Elements per scale block (the unit gemv_scalar sums before scaling).
-int64_t ref_block(const Case& c) {
-  switch (c.l.format) {
-    case Format::bf16: return c.l.k;
-    case Format::fp8_block: return 128;
-    case Format::nvfp4: return 16;
-    case Format::mxfp8_e4m3:
-    case Format::mxfp8_e5m2: return c.l.group;
-    default: return 32;
-  }
-}
+int64_t ref_block(const Case& c) { return oracle::block_elems(c.l.format, c.l.group, c.l.k); }
 
 bool build_case(fuzz::Reader& in, Case& c) {
   const Format f = static_cast<Format>(in.range(0, fm::kMaxFormatId));
