@@ -54,7 +54,7 @@ std::string decode_path(Isa isa, int32_t format, uint32_t flags);
 // kNearPrefetchBytes ahead of the cursor in this call's own stream (also into
 // L2): the later-call prefetches alone leave demand misses. Measured on Zen 4,
 // Qwen3-30B-A3B layer, cold experts, kernels built both ways alternating in one
-// process (PERFORMANCE.md, session 6): fp8_block with one thread 82-85% of the
+// process (PERFORMANCE.md, "Tried, and did not help"): fp8_block with one thread 82-85% of the
 // read bandwidth without it, 84-89% with it 4 KiB ahead; two threads 87-88% ->
 // 90-93%; q8_0 with two threads +3-5 points. The near prefetch alone reads
 // 66%; 2 KiB ahead is no better than none, 16 KiB worse, 4-8 KiB alike (6 KiB
