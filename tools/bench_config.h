@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "bench_layer.h"
+#include "bench_model.h"
 #include "bench_report.h"
 #include "bench_run.h"
 
@@ -37,8 +38,11 @@ struct Config {
   uint64_t seed = 1;
   OutputMode output = OutputMode::table;
   std::string plot_path, profile_path;
-  double pcie_gbs = 0;    // 0 = not given
-  double miss_rate = -1;  // < 0 = not given
+  double pcie_gbs = 0;                // 0 = not given
+  double miss_rate = -1;              // < 0 = not given
+  double gpu_gbps = kDefaultGpuGbps;  // the backend model's GPU-side inputs (bench_model.h)
+  double gpu_fetch_gbps = kDefaultGpuFetchGbps;
+  double cpu_overhead_s = kDefaultCpuOverheadS;
   bool progress = false;  // progress lines on stderr even when it is not a terminal
 };
 
