@@ -1,32 +1,39 @@
 #!/usr/bin/env python3
 """A hybrid GPU + CPU MoE layer: DeepSeek-V3 geometry, fp8_block experts.
 
-A fraction of the experts is resident on the GPU (torch tensors); all of them sit
-in pinned host memory, where moejit reads them in place. A batch is served three
-ways, and each is timed per layer:
+A fraction of the experts is resident on the GPU, dequantized to bf16 once when it is
+loaded (what an engine keeps ready to multiply); all of them sit in pinned host
+memory, where moejit reads them in place. A batch is served three ways, and each is
+timed per layer, from x on the GPU to y on the GPU, synchronized:
 
-  (a) fetch: every missed expert is copied over PCIe (pinned host -> GPU, on a
-      copy stream, chunk by chunk) and computed on the GPU, while the GPU
-      computes the resident ones;
-  (b) cpu: moejit computes the missed experts on the CPU (``MoE.submit``) while
-      the GPU computes the resident ones; then ``Task.wait`` and one add;
-  (c) split: the split the model of ``moejit-bench --profile`` recommends
-      (tools/bench_profile.cpp, docs/TOOLS.md): a fraction f of the missed
-      experts on the CPU, the rest fetched, all at once.
+  (a) fetch: every missed expert's fp8 codes and scales are copied over PCIe (pinned
+      host -> GPU, on a copy stream, chunk by chunk), dequantized on the GPU as each
+      chunk arrives and computed there, while the GPU computes the resident ones;
+  (b) cpu: moejit computes the missed experts on the CPU (x to the host,
+      ``MoE.submit``) while the GPU computes the resident ones; then ``Task.wait``, y to
+      the GPU and one add;
+  (c) split: the way the model of ``moejit-bench --profile`` picks
+      (tools/bench_model.h, docs/TOOLS.md): a fraction f of the missed experts on the
+      CPU, the rest fetched, all at once;
 
-for miss rates 10, 25, 50, 75 % (the share of the experts that are not
-resident; routing is uniform, so it is also the expected share of a call's
-distinct experts that miss) and 1, 4, 16 tokens. It prints a markdown table
-(model predictions next to measurements) and writes every number as JSON to
-``--out``.
+and the GPU's resident compute alone, for miss rates 10, 25, 50, 75 % (the share of
+the experts that are not resident; routing is uniform, so it is also the expected
+share of a call's distinct experts that miss) and 1, 4, 16 tokens. The GPU computes a
+call's routes as grouped matmuls (torch grouped_mm, or one torch.mm per expert: the
+faster that works). Every timed call has a fresh routing and x, and moejit reads
+other experts first (``--evict-experts``), so the call's experts come from DRAM.
+It prints a markdown table (the model next to the measurements) and writes every
+number as JSON to ``--out``.
 
-The model's inputs are the CPU's GB/s on this layer per token count, the DRAM
-read GB/s and the PCIe GB/s: from a profile written on the same machine
-(``moejit-bench --preset deepseek-v3 --format fp8_block --tokens 1,4,16
---profile prof.json``; ``--profile prof.json``) or measured here (moejit on
-cold experts alone; pinned host-to-GPU copies). The GPU computes by
-dequantizing fp8 to bf16 with torch ops (correctness first, not speed); its
-time is reported separately.
+The model's inputs, each measured alone before the cases (or given):
+  - cpu_gbps per token count: moejit on cold experts (or --profile: a moejit-bench
+    --profile file of this machine, which also gives dram_gbps);
+  - pcie_gbs: pinned host-to-GPU copies of 1 GiB;
+  - gpu_gbps and gpu_fetch_gbps per token count, GB/s of fp8 expert bytes: the GPU
+    computing a call's experts from the bf16 bank, and dequantizing them from fp8
+    staging then computing them (copies not timed), every expert resident;
+  - cpu_overhead_s per token count: a layer call whose CPU part has nothing to compute
+    (x to the host, submit, wait, y to the GPU and the add).
 
 Everything but the GPU part is importable and runs without torch: the routing
 split, the CPU path and the model (tests/python/test_hybrid_example.py), and
@@ -34,7 +41,8 @@ split, the CPU path and the model (tests/python/test_hybrid_example.py), and
 
 Host memory: the experts' bytes (256 x 44 MB = 11.3 GB at the real geometry)
 plus small buffers; ``--experts`` uses fewer, ``--max-host-gb`` (default 60)
-refuses more.
+refuses more. GPU memory: the resident experts in bf16 (up to 22.5 GB) and staging
+for max(tokens) x top_k fetched experts in fp8 and bf16 (17 GB at 16 tokens).
 """
 
 from __future__ import annotations
@@ -59,35 +67,71 @@ TOKENS = (1, 4, 16)
 
 
 # ---------------------------------------------------------------------------------------------
-# The backend model of moejit-bench --profile (tools/bench_profile.cpp, model_backends)
+# The backend model of moejit-bench --profile (tools/bench_model.cpp, model_backends)
 # ---------------------------------------------------------------------------------------------
 
 
-def model_backends(missing_bytes: float, cpu_gbps: float, pcie_gbs: float, dram_gbps: float,
+# Defaults of moejit-bench's --gpu-gbs, --gpu-fetch-gbs, --cpu-overhead-us (tools/bench_model.h).
+DEFAULT_GPU_GBPS = 1500.0
+DEFAULT_GPU_FETCH_GBPS = 400.0
+DEFAULT_CPU_OVERHEAD_S = 1e-4
+
+
+def _seconds(nbytes: float, gbps: float) -> float:
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / (gbps * 1e9) if gbps > 0 else math.inf
+
+
+def model_backends(missing_bytes: float, resident_bytes: float, cpu_gbps: float, pcie_gbs: float,
+                   dram_gbps: float, gpu_gbps: float, gpu_fetch_gbps: float, cpu_overhead_s: float,
                    hybrid_margin: float = 0.10) -> dict:
-    """Expected seconds per call for the missing experts' bytes on each backend, as
-    moejit-bench --profile computes them: cpu = bytes / CPU GB/s; pcie = bytes / PCIe
-    GB/s (GPU compute assumed negligible); hybrid = a share f on the CPU with
-    f cpu = (1 - f) pcie, held at the DRAM floor bytes / max(DRAM GB/s, PCIe GB/s)
-    (CPU and DMA read the same DRAM). hybrid is picked only when it beats the better
-    single backend by more than `hybrid_margin`."""
-    m = {"missing_bytes": missing_bytes, "cpu_s": 0.0, "pcie_s": 0.0, "cpu_fraction": 0.0, "hybrid_ideal_s": 0.0,
-         "dram_capacity_gbps": 0.0, "dram_floor_s": 0.0, "hybrid_s": 0.0, "best": "none", "best_s": 0.0}
-    if missing_bytes <= 0:
+    """Seconds per layer call on each way, as moejit-bench --profile computes them
+    (tools/bench_model.h; docs/TOOLS.md). M = missing bytes, R = resident bytes; rates are
+    GB/s of expert bytes; every way starts with x on the GPU and ends with y there:
+
+      gpu_resident = R / gpu_gbps (the GPU computes the experts it holds in every way)
+      (b) cpu    = max(gpu_resident, cpu_overhead + M / cpu_gbps)
+      (a) pcie   = max(gpu_resident, M / pcie_gbs) + M / gpu_fetch_gbps
+      (c) hybrid = max(cpu_overhead + f M / cpu_gbps,
+                       max(gpu_resident, (1 - f) M / pcie) + (1 - f) M / gpu_fetch)
+          at the f that balances the two sides, held at the DRAM floor
+          M / max(dram_gbps, pcie_gbs) (CPU and DMA read the same DRAM).
+
+    hybrid is picked only when it beats the better single way by more than
+    `hybrid_margin`. A rate of math.inf makes its term 0; cpu_gbps 0 makes the CPU
+    ways infinite."""
+    m = {"missing_bytes": max(0.0, missing_bytes), "resident_bytes": max(0.0, resident_bytes),
+         "gpu_resident_s": 0.0, "cpu_compute_s": 0.0, "fetch_s": 0.0, "gpu_fetched_s": 0.0, "cpu_s": 0.0,
+         "pcie_s": 0.0, "cpu_fraction": 0.0, "hybrid_ideal_s": 0.0, "dram_capacity_gbps": 0.0, "dram_floor_s": 0.0,
+         "hybrid_s": 0.0, "best": "none", "best_s": 0.0}
+    a = m["gpu_resident_s"] = _seconds(m["resident_bytes"], gpu_gbps)
+    if m["missing_bytes"] <= 0:  # the layer is the GPU's resident compute
+        for k in ("cpu_s", "pcie_s", "hybrid_ideal_s", "hybrid_s", "best_s"):
+            m[k] = a
         return m
-    cpu = missing_bytes / (cpu_gbps * 1e9) if cpu_gbps > 0 else math.inf
-    pcie = missing_bytes / (pcie_gbs * 1e9)
-    m["cpu_s"], m["pcie_s"] = cpu, pcie
-    if math.isfinite(cpu):
-        m["cpu_fraction"] = pcie / (cpu + pcie)
-        m["hybrid_ideal_s"] = cpu * pcie / (cpu + pcie)
+    big_m, o = m["missing_bytes"], cpu_overhead_s
+    c = m["cpu_compute_s"] = _seconds(big_m, cpu_gbps)
+    p = m["fetch_s"] = _seconds(big_m, pcie_gbs)
+    b = m["gpu_fetched_s"] = _seconds(big_m, gpu_fetch_gbps)
+    m["cpu_s"] = max(a, o + c)
+    m["pcie_s"] = max(a, p) + b
+    if math.isfinite(c):
+        # The CPU side o + f c rises with f; the GPU side max(a + (1-f) b, (1-f)(p + b)) falls.
+        def meet(at0, slope):
+            den = c + slope
+            return (at0 - o) / den if den > 0 else 1.0
+
+        f = min(1.0, max(0.0, max(meet(a + b, b), meet(p + b, p + b)))) if math.isfinite(p + b) else 1.0
+        m["cpu_fraction"] = f
+        m["hybrid_ideal_s"] = max(o + f * c, max(a, (1 - f) * p) + (1 - f) * b)
     else:
-        m["hybrid_ideal_s"] = pcie
+        m["cpu_fraction"], m["hybrid_ideal_s"] = 0.0, m["pcie_s"]
     m["dram_capacity_gbps"] = max(dram_gbps, pcie_gbs)
-    m["dram_floor_s"] = missing_bytes / (m["dram_capacity_gbps"] * 1e9)
+    m["dram_floor_s"] = _seconds(big_m, m["dram_capacity_gbps"])
     m["hybrid_s"] = max(m["hybrid_ideal_s"], m["dram_floor_s"])
-    single = min(cpu, pcie)
-    m["best"] = "cpu" if cpu <= pcie else "pcie"
+    single = min(m["cpu_s"], m["pcie_s"])
+    m["best"] = "cpu" if m["cpu_s"] <= m["pcie_s"] else "pcie"
     m["best_s"] = single
     if m["hybrid_s"] < single * (1.0 - hybrid_margin):
         m["best"], m["best_s"] = "hybrid", m["hybrid_s"]
@@ -99,13 +143,21 @@ def cpu_share(model: dict) -> float:
     return {"cpu": 1.0, "pcie": 0.0, "none": 0.0}.get(model["best"], model["cpu_fraction"])
 
 
+# The ways the example times, and the one that serves each recommendation.
+WAYS = ("fetch", "cpu", "hybrid")  # (a), (b), and the split at the model's balanced f
+PICK_WAY = {"pcie": "fetch", "cpu": "cpu", "hybrid": "hybrid", "none": "cpu"}
+
+
+PROFILE_SCHEMAS = (1, 2)  # the entries' cpu_gbps and dram_gbps, all this example reads, are the same in both
+
+
 def load_profile(path: str, fmt: str = "fp8_block") -> dict[int, dict]:
-    """The fastest entry per token count of a moejit-bench --profile file (schema 1):
+    """The fastest entry per token count of a moejit-bench --profile file (schema 1 or 2):
     {tokens: {"cpu_gbps", "dram_gbps", "threads", "isa", "expert_bytes", ...}}."""
     with open(path) as f:
         doc = json.load(f)
-    if doc.get("schema_version") != 1:
-        raise ValueError(f"{path}: schema_version {doc.get('schema_version')!r}, this example reads 1")
+    if doc.get("schema_version") not in PROFILE_SCHEMAS:
+        raise ValueError(f"{path}: schema_version {doc.get('schema_version')!r}, this example reads 1 and 2")
     best: dict[int, dict] = {}
     for e in doc["entries"]:
         if e["format"] != fmt:
@@ -305,50 +357,74 @@ def reference(layer: HostLayer, x_bits: np.ndarray, ids: np.ndarray, weights: np
 # ---------------------------------------------------------------------------------------------
 
 
-def predict(missed_experts: float, ebytes: int, cpu_gbps: float, pcie_gbs: float, dram_gbps: float) -> dict:
-    return model_backends(missed_experts * ebytes, cpu_gbps, pcie_gbs, dram_gbps)
+def predict(missed_experts: float, resident_experts: float, ebytes: int, inputs: dict, pcie_gbs: float) -> dict:
+    """The model of one case from the inputs of its token count (cpu_gbps, dram_gbps,
+    gpu_gbps, gpu_fetch_gbps, cpu_overhead_s) and the PCIe GB/s."""
+    return model_backends(missed_experts * ebytes, resident_experts * ebytes, inputs["cpu_gbps"], pcie_gbs,
+                          inputs["dram_gbps"], inputs["gpu_gbps"], inputs["gpu_fetch_gbps"],
+                          inputs["cpu_overhead_s"])
+
+
+def expected_distinct(tokens: int, experts: int, top_k: int) -> float:
+    """Expected distinct experts of a uniform call (the profile's distinct_experts_per_call)."""
+    p_unused = 1.0
+    for i in range(top_k):  # one token picks top_k distinct: P(expert not picked) = (E - k) / E
+        p_unused *= (experts - 1 - i) / (experts - i)
+    return experts * (1.0 - p_unused ** tokens)
 
 
 def expected_missed(tokens: int, experts: int, top_k: int, miss_rate: float) -> float:
     """Expected distinct experts of a uniform call times the miss rate (the profile's
     missing_experts_per_call)."""
-    p_unused = 1.0
-    for i in range(top_k):  # one token picks top_k distinct: P(expert not picked) = (E - k) / E
-        p_unused *= (experts - 1 - i) / (experts - i)
-    distinct = experts * (1.0 - p_unused ** tokens)
-    return miss_rate * distinct
+    return miss_rate * expected_distinct(tokens, experts, top_k)
+
+
+def model_ms(model: dict) -> dict:
+    """The model's layer time for each way, ms (split: the way it picks, (c))."""
+    return {"gpu_resident": 1e3 * model["gpu_resident_s"], "fetch": 1e3 * model["pcie_s"],
+            "cpu": 1e3 * model["cpu_s"], "hybrid": 1e3 * model["hybrid_s"], "split": 1e3 * model["best_s"]}
 
 
 def markdown_table(rows: list[dict], measured: bool) -> str:
-    head = ["tokens", "miss %", "missed experts", "model cpu ms", "model pcie ms", "model hybrid ms (f)",
-            "model picks"]
+    head = ["tokens", "miss %", "missed experts", "model GPU resident ms", "model pcie ms", "model cpu ms",
+            "model hybrid ms (f)", "model picks"]
     if measured:
-        head += ["(a) fetch ms", "(b) cpu ms", "(c) split ms", "GPU resident ms", "fastest", "model right"]
+        head += ["GPU resident ms", "(a) fetch ms", "(b) cpu ms", "hybrid ms (f)", "(c) picked ms",
+                 "model error % (res/a/b/hyb)", "fastest", "model right"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         m = r["model"]
         cells = [str(r["tokens"]), f"{100 * r['miss_rate']:.0f}", f"{r['missed_experts']:.1f}",
-                 f"{1e3 * m['cpu_s']:.2f}", f"{1e3 * m['pcie_s']:.2f}",
+                 f"{1e3 * m['gpu_resident_s']:.2f}", f"{1e3 * m['pcie_s']:.2f}", f"{1e3 * m['cpu_s']:.2f}",
                  f"{1e3 * m['hybrid_s']:.2f} ({m['cpu_fraction']:.2f})", m["best"]]
         if measured:
-            ms = r["measured_ms"]
-            cells += [f"{ms['fetch']:.2f}", f"{ms['cpu']:.2f}", f"{ms['split']:.2f}", f"{ms['gpu_resident']:.2f}",
+            ms, err = r["measured_ms"], r["model_error"]
+            cells += [f"{ms['gpu_resident']:.2f}", f"{ms['fetch']:.2f}", f"{ms['cpu']:.2f}",
+                      f"{ms['hybrid']:.2f} ({r['cpu_fraction_run']:.2f})", f"{ms['split']:.2f} ({r['pick_run']})",
+                      " / ".join(f"{100 * err[k]:+.0f}" for k in ("gpu_resident",) + WAYS),
                       r["fastest"], "yes" if r["model_right"] else "no"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def model_error(model: dict, measured_ms: dict) -> dict:
+    """(model - measured) / measured per way (and for the GPU's resident compute)."""
+    pred = model_ms(model)
+    return {k: (pred[k] - measured_ms[k]) / measured_ms[k] if measured_ms[k] > 0 else 0.0
+            for k in ("gpu_resident",) + WAYS + ("split",)}
+
+
 def fastest(measured_ms: dict) -> str:
-    """The fastest way as the model names it (fetch = pcie, split = hybrid)."""
-    names = {"fetch": "pcie", "cpu": "cpu", "split": "hybrid"}
-    return names[min(("fetch", "cpu", "split"), key=lambda k: measured_ms[k])]
+    """The fastest way measured, as the model names it (fetch = pcie)."""
+    names = {"fetch": "pcie", "cpu": "cpu", "hybrid": "hybrid"}
+    return names[min(WAYS, key=lambda k: measured_ms[k])]
 
 
-def model_right(measured_ms: dict, tolerance: float = 0.10) -> bool:
+def model_right(measured_ms: dict, pick: str, tolerance: float = 0.10) -> bool:
     """Whether (c), the way the model picked, is within `tolerance` of the fastest
     way measured."""
-    best = min(measured_ms["fetch"], measured_ms["cpu"], measured_ms["split"])
-    return measured_ms["split"] <= best * (1 + tolerance)
+    best = min(measured_ms[k] for k in WAYS)
+    return measured_ms[PICK_WAY[pick]] <= best * (1 + tolerance)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,111 +432,255 @@ def model_right(measured_ms: dict, tolerance: float = 0.10) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-class Gpu:
-    """Resident experts and fetch staging on the GPU; computes routes by dequantizing
-    fp8 to bf16 with torch ops, in chunks of experts (batched matmuls)."""
+@dataclass
+class Routes:
+    """One part of a call's routes, sorted by the slot of their expert: the matmuls'
+    groups. counts[s] routes of slot s; tokens and router weights per route."""
 
-    def __init__(self, torch, layer: HostLayer, host_t: dict, max_fetch: int, chunk: int):
+    counts: np.ndarray  # [slots] int64
+    tokens: np.ndarray  # [R] int64
+    weights: np.ndarray  # [R] float32
+
+    @property
+    def routes(self) -> int:
+        return len(self.tokens)
+
+
+def sort_routes(ids: np.ndarray, weights: np.ndarray, slot_of: np.ndarray, slots: int) -> Routes:
+    """The routes of `ids` (>= 0) by slot; slot_of maps an expert id to its slot."""
+    t_idx, j_idx = np.nonzero(ids >= 0)
+    s = slot_of[ids[t_idx, j_idx]]
+    if (s < 0).any():
+        raise ValueError("a route's expert has no slot")
+    order = np.argsort(s, kind="stable")
+    return Routes(np.bincount(s, minlength=slots).astype(np.int64), t_idx[order].astype(np.int64),
+                  weights[t_idx, j_idx][order].astype(np.float32))
+
+
+class Gpu:
+    """The GPU side of the layer, as an engine holds it:
+
+    - the resident experts, dequantized to bf16 once when they are loaded
+      (``load_resident``), ready to multiply;
+    - staging for fetched experts: their fp8 codes and bf16 scales cross PCIe (what an
+      engine transfers) on a copy stream, chunk by chunk, and are dequantized to bf16 on
+      the GPU as each chunk arrives, then computed;
+    - the routes of a call computed as grouped matmuls: ``torch._grouped_mm`` (one kernel
+      per projection for all experts) when it works on this GPU, else one ``torch.mm``
+      per expert and projection into shared buffers; the gather, activation and
+      weighted scatter are one batched op each."""
+
+    def __init__(self, torch, layer: HostLayer, host_t: dict, max_fetch: int, chunk: int, matmul: str = "auto",
+                 device: str = "cuda"):
         self.torch = torch
-        self.dev = torch.device("cuda")
+        self.dev = torch.device(device)
+        self.cuda = self.dev.type == "cuda"  # "cpu": the same code without streams (a functional check)
         self.layer = layer
         self.host = host_t  # pinned torch views of the host banks: w13, s13, w2, s2
-        self.chunk = chunk
-        self.copy_stream = torch.cuda.Stream()
-        e, h, i = layer.experts, layer.hidden, layer.intermediate
-        self.slots_of: dict[int, int] = {}
-        self.bank = None
-        n = max(1, max_fetch)
-        # e4m3 codes are kept as uint8 (index_select and copies are not implemented for
-        # float8 dtypes in every torch) and viewed as float8_e4m3fn only to convert.
-        self.stage = {
+        self.chunk = max(1, chunk)
+        self.copy_stream = torch.cuda.Stream() if self.cuda else None
+        h, i = layer.hidden, layer.intermediate
+        n = self.stage_slots = max(1, max_fetch)
+        # e4m3 codes are kept as uint8 (copies are not implemented for float8 dtypes in every
+        # torch) and viewed as float8_e4m3fn only to convert.
+        self.stage8 = {
             "w13": torch.empty((n, 2 * i, h), dtype=torch.uint8, device=self.dev),
             "w2": torch.empty((n, h, i), dtype=torch.uint8, device=self.dev),
             "s13": torch.empty((n,) + tuple(layer.s13.shape[1:]), dtype=torch.bfloat16, device=self.dev),
             "s2": torch.empty((n,) + tuple(layer.s2.shape[1:]), dtype=torch.bfloat16, device=self.dev),
         }
+        self.stage = {"w13": torch.empty((n, 2 * i, h), dtype=torch.bfloat16, device=self.dev),
+                      "w2": torch.empty((n, h, i), dtype=torch.bfloat16, device=self.dev)}
+        self.bank = None
+        self.slot_of = np.full(layer.experts, -1, np.int64)
+        self.grouped_failure = None  # why grouped_mm was given up mid-run, if it was
+        self._grouped_mm = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+        self.matmul = "grouped" if matmul == "auto" and self._grouped_mm is not None else matmul
+        if self.matmul == "auto":
+            self.matmul = "loop"
+        if self.matmul == "grouped" and self._grouped_mm is None:
+            raise SystemExit("--gpu-matmul grouped: this torch has no grouped_mm")
 
-    def load_resident(self, mask: np.ndarray) -> None:
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def randn_x(self, tokens: int):
+        return self.torch.randn((tokens, self.layer.hidden), device=self.dev).to(self.torch.bfloat16)
+
+    def zeros_y(self, tokens: int):
+        return self.torch.zeros((tokens, self.layer.hidden), dtype=self.torch.float32, device=self.dev)
+
+    # -- weights ------------------------------------------------------------------------------
+
+    def _dequant_into(self, dst, w8, s) -> None:
+        """dst[n, R, K] bf16 = e4m3 codes w8[n, R, K] x their 128 x 128 block scales s."""
+        t = self.torch
+        n, rows, k = w8.shape
+        b = BLOCK
+        d5 = dst.view(n, rows // b, b, k // b, b)
+        d5.copy_(w8.view(t.float8_e4m3fn).view(n, rows // b, b, k // b, b))
+        d5.mul_(s.view(n, rows // b, 1, k // b, 1))
+
+    def _copy_in(self, experts: np.ndarray, at: int = 0) -> None:
+        """The experts' fp8 codes and scales into staging slots at.. (on the current stream)."""
+        for j, e in enumerate(experts):
+            for k in ("w13", "s13", "w2", "s2"):
+                self.stage8[k][at + j].copy_(self.host[k][int(e)], non_blocking=True)
+
+    def _dequant_stage(self, c0: int, c1: int) -> None:
+        self._dequant_into(self.stage["w13"][c0:c1], self.stage8["w13"][c0:c1], self.stage8["s13"][c0:c1])
+        self._dequant_into(self.stage["w2"][c0:c1], self.stage8["w2"][c0:c1], self.stage8["s2"][c0:c1])
+
+    def load_resident(self, mask: np.ndarray) -> float:
+        """Holds the experts of `mask`, dequantized to bf16 (the engine's load time, not a
+        call's); returns its seconds."""
         t = self.torch
         experts = np.flatnonzero(mask)
         self.bank = None
-        t.cuda.empty_cache()
-        self.bank = {k: t.empty((max(1, len(experts)),) + tuple(v.shape[1:]), dtype=v.dtype, device=self.dev)
-                     for k, v in self.host.items()}
-        for s, e in enumerate(experts):  # expert by expert: no host-side temporary of the whole set
-            for k, v in self.host.items():
-                self.bank[k][s].copy_(v[int(e)], non_blocking=True)
-        t.cuda.synchronize()
-        self.slots_of = {int(e): s for s, e in enumerate(experts)}
+        if self.cuda:
+            t.cuda.empty_cache()
+        self.sync()
+        t0 = time.perf_counter()
+        h, i = self.layer.hidden, self.layer.intermediate
+        n = max(1, len(experts))
+        self.bank = {"w13": t.empty((n, 2 * i, h), dtype=t.bfloat16, device=self.dev),
+                     "w2": t.empty((n, h, i), dtype=t.bfloat16, device=self.dev)}
+        for c0 in range(0, len(experts), self.stage_slots):  # through the fp8 staging, a slot per expert
+            part = experts[c0:c0 + self.stage_slots]
+            self._copy_in(part)
+            m = len(part)
+            self._dequant_into(self.bank["w13"][c0:c0 + m], self.stage8["w13"][:m], self.stage8["s13"][:m])
+            self._dequant_into(self.bank["w2"][c0:c0 + m], self.stage8["w2"][:m], self.stage8["s2"][:m])
+        self.sync()
+        self.slot_of = np.full(self.layer.experts, -1, np.int64)
+        self.slot_of[experts] = np.arange(len(experts))
+        return time.perf_counter() - t0
 
-    def _dequant(self, w, s):
-        n, rows, k = w.shape
-        b = BLOCK
-        wd = w.view(self.torch.float8_e4m3fn).to(self.torch.bfloat16).view(n, rows // b, b, k // b, b)
-        return wd.mul_(s.view(n, rows // b, 1, k // b, 1)).view(n, rows, k)
+    # -- compute ------------------------------------------------------------------------------
 
-    def compute(self, y, x, bank: dict, work: list[tuple[int, np.ndarray, np.ndarray]], ready=None) -> None:
-        """y[T, H] fp32 += the routes of `work` (slot in `bank`, tokens, weights); chunk c
-        waits for event ready[c] when given (its experts' copies)."""
+    def _to_dev(self, a: np.ndarray):
+        """A small host array to the device, asynchronously: through pinned memory (a copy from
+        pageable memory would wait for the stream's earlier work)."""
+        h = self.torch.from_numpy(np.ascontiguousarray(a))
+        return (h.pin_memory() if self.cuda else h).to(self.dev, non_blocking=True)
+
+    def _matmul(self, a, w, counts: np.ndarray, offs, out_cols: int):
+        """a[R, K] (rows grouped by slot, counts[s] of slot s) times w[s]^T ([slots, N, K]) -> [R, N]."""
+        t = self.torch
+        if self.matmul == "grouped":
+            try:
+                return self._grouped_mm(a, w.transpose(1, 2), offs=offs)
+            except (RuntimeError, TypeError, ValueError) as e:  # no kernel for this shape: the loop from now on
+                self.grouped_failure = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+                self.matmul = "loop"
+        out = t.empty((a.shape[0], out_cols), dtype=t.bfloat16, device=self.dev)
+        r0 = 0
+        for s in np.flatnonzero(counts):
+            r1 = r0 + int(counts[s])
+            t.mm(a[r0:r1], w[int(s)].t(), out=out[r0:r1])
+            r0 = r1
+        return out
+
+    def compute(self, y, x, w13, w2, r: Routes) -> None:
+        """y[T, H] fp32 += the routes r over the slots of w13 [S, 2I, H] and w2 [S, H, I] (bf16)."""
+        if r.routes == 0:
+            return
         t = self.torch
         inter = self.layer.intermediate
-        for c0 in range(0, len(work), self.chunk):
-            part = work[c0:c0 + self.chunk]
-            if ready is not None:
-                t.cuda.current_stream().wait_event(ready[c0 // self.chunk])
-            slots = t.tensor([p[0] for p in part], device=self.dev)
-            n, maxt = len(part), max(len(p[1]) for p in part)
-            e_idx = np.concatenate([np.full(len(p[1]), j) for j, p in enumerate(part)])
-            pos = np.concatenate([np.arange(len(p[1])) for p in part])
-            tok = np.concatenate([p[1] for p in part])
-            wts = np.concatenate([p[2] for p in part])
-            e_idx, pos, tok = (t.from_numpy(a.astype(np.int64)).to(self.dev) for a in (e_idx, pos, tok))
-            wts = t.from_numpy(wts).to(self.dev)
-            xp = t.zeros((n, maxt, x.shape[1]), dtype=t.bfloat16, device=self.dev)
-            xp[e_idx, pos] = x[tok]
-            w13 = self._dequant(bank["w13"].index_select(0, slots), bank["s13"].index_select(0, slots))
-            h = t.bmm(xp, w13.transpose(1, 2)).float()
-            del w13
-            g = (t.nn.functional.silu(h[..., :inter]) * h[..., inter:]).to(t.bfloat16)
-            w2 = self._dequant(bank["w2"].index_select(0, slots), bank["s2"].index_select(0, slots))
-            o = t.bmm(g, w2.transpose(1, 2)).float()
-            y.index_add_(0, tok, o[e_idx, pos] * wts[:, None])
+        tok = self._to_dev(r.tokens)
+        wts = self._to_dev(r.weights)
+        offs = self._to_dev(np.cumsum(r.counts).astype(np.int32)) if self.matmul == "grouped" else None
+        xs = x.index_select(0, tok)  # [R, H] bf16, grouped by slot
+        h = self._matmul(xs, w13, r.counts, offs, 2 * inter)
+        g = (t.nn.functional.silu(h[:, :inter].float()) * h[:, inter:].float()).to(t.bfloat16)
+        o = self._matmul(g, w2, r.counts, offs, x.shape[1])
+        y.index_add_(0, tok, o.float() * wts[:, None])
+
+    def compute_resident(self, y, x, ids: np.ndarray, w: np.ndarray) -> None:
+        """The routes of `ids` (all resident) from the bf16 bank."""
+        r = sort_routes(ids, w, self.slot_of, len(self.bank["w13"]))
+        self.compute(y, x, self.bank["w13"], self.bank["w2"], r)
 
     def fetch(self, experts: np.ndarray) -> list:
-        """Copies the experts into staging slots 0.. on the copy stream; one event per chunk."""
+        """Copies the experts' fp8 codes and scales into staging slots 0.. on the copy stream;
+        one event per chunk of `chunk` experts."""
         t = self.torch
+        if len(experts) > self.stage_slots:
+            raise ValueError(f"{len(experts)} experts to fetch, {self.stage_slots} staging slots")
+        if not self.cuda:
+            self._copy_in(experts)
+            return [None] * -(-len(experts) // self.chunk)
         events = []
         self.copy_stream.wait_stream(t.cuda.current_stream())  # the slots' previous readers are done
         with t.cuda.stream(self.copy_stream):
             for c0 in range(0, len(experts), self.chunk):
-                for j in range(c0, min(c0 + self.chunk, len(experts))):
-                    e = int(experts[j])
-                    for k in ("w13", "s13", "w2", "s2"):
-                        self.stage[k][j].copy_(self.host[k][e], non_blocking=True)
+                self._copy_in(experts[c0:c0 + self.chunk], at=c0)
                 ev = t.cuda.Event()
                 ev.record(self.copy_stream)
                 events.append(ev)
         return events
 
-    def resident_work(self, ids, w):
-        return [(self.slots_of[e], toks, ws) for e, (toks, ws) in groups(ids, w).items()]
+    def compute_fetched(self, y, x, ids: np.ndarray, w: np.ndarray, experts: np.ndarray, events=None) -> None:
+        """The routes of `ids` over the fetched experts (staging slot j holds experts[j]):
+        chunk c is dequantized and computed once event c (its copies) has fired; without
+        events the staging is taken as filled."""
+        t = self.torch
+        slot_of = np.full(self.layer.experts, -1, np.int64)
+        slot_of[experts] = np.arange(len(experts))
+        r = sort_routes(ids, w, slot_of, len(experts))
+        ends = np.cumsum(r.counts)
+        for c, c0 in enumerate(range(0, len(experts), self.chunk)):
+            c1 = min(c0 + self.chunk, len(experts))
+            if events is not None and events[c] is not None:
+                t.cuda.current_stream().wait_event(events[c])
+            self._dequant_stage(c0, c1)
+            r0, r1 = (int(ends[c0 - 1]) if c0 else 0), int(ends[c1 - 1])
+            part = Routes(r.counts[c0:c1], r.tokens[r0:r1], r.weights[r0:r1])
+            self.compute(y, x, self.stage["w13"][c0:c1], self.stage["w2"][c0:c1], part)
 
 
-def measure_pcie_gbs(torch, nbytes: int = 1 << 30, reps: int = 5) -> float:
-    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+def measure_pcie_gbs(torch, nbytes: int = 1 << 30, reps: int = 5, device: str = "cuda") -> float:
+    cuda = device == "cuda"
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
+    sync()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
         dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t0)
     return nbytes / statistics.median(times) / 1e9
 
 
-def measure_cpu_gbps(moe: moejit.MoE, layer: HostLayer, tokens: int, top_k: int, rng, calls: int) -> dict:
+class Evictor:
+    """Reads `experts` random experts' host bytes with moejit before a timed call, so that
+    the call finds its experts in DRAM, not in the L3 (as after an engine's other layers)."""
+
+    def __init__(self, moe: moejit.MoE, layer: HostLayer, top_k: int, experts: int, seed: int):
+        self.moe, self.rng = moe, np.random.default_rng(seed)
+        self.n = min(experts, layer.experts)
+        self.tokens = -(-self.n // top_k) if self.n else 0
+        self.x = np.full((max(1, self.tokens), layer.hidden), 0x3F80, np.uint16)
+        self.top_k, self.experts = top_k, layer.experts
+
+    def __call__(self, avoid: np.ndarray | None = None) -> None:
+        """Reads experts other than `avoid` (the next call's)."""
+        pool = np.arange(self.experts) if avoid is None else np.setdiff1d(np.arange(self.experts), avoid)
+        n = min(self.n, len(pool))
+        if not n:
+            return
+        ids = np.full(self.tokens * self.top_k, -1, np.int32)
+        ids[:n] = self.rng.choice(pool, size=n, replace=False)
+        w = np.full((self.tokens, self.top_k), 1.0 / self.top_k, np.float32)
+        self.moe.forward(self.x, ids.reshape(self.tokens, self.top_k), w)
+
+
+def measure_cpu_gbps(moe: moejit.MoE, layer: HostLayer, tokens: int, top_k: int, rng, calls: int,
+                     evict=None) -> dict:
     """moejit alone on cold experts (uniform routing): GB/s of the distinct experts' bytes."""
     ebytes = expert_bytes(layer.hidden, layer.intermediate)
     x = np.zeros((tokens, layer.hidden), np.uint16)
@@ -468,6 +688,8 @@ def measure_cpu_gbps(moe: moejit.MoE, layer: HostLayer, tokens: int, top_k: int,
     gbps, secs = [], []
     for c in range(calls + 2):
         ids, w = route(rng, tokens, layer.experts, top_k)
+        if evict:
+            evict(ids)
         t0 = time.perf_counter()
         moe.forward(x, ids, w)
         s = time.perf_counter() - t0
@@ -477,9 +699,151 @@ def measure_cpu_gbps(moe: moejit.MoE, layer: HostLayer, tokens: int, top_k: int,
     return {"cpu_gbps": statistics.median(gbps), "median_call_s": statistics.median(secs)}
 
 
-def serve(gpu: Gpu, moe: moejit.MoE, x_gpu, x_host, y_host, ids, w, split: Split, way: str) -> tuple[float, object]:
-    """One layer call served `way` ("fetch", "cpu", "split"); returns (seconds, y on the GPU, fp32)."""
+def measure_gpu_gbps(gpu: Gpu, tokens: int, top_k: int, rng, calls: int) -> dict:
+    """The GPU's rates with every expert resident (load_resident of all of them first): GB/s
+    of the distinct experts' (fp8) bytes computed from the bf16 bank (gpu_gbps), and
+    dequantized from fp8 staging, then computed (gpu_fetch_gbps; the copies are not timed)."""
+    layer = gpu.layer
+    ebytes = expert_bytes(layer.hidden, layer.intermediate)
+    res, fet, res_s, fet_s = [], [], [], []
+    for c in range(calls + 2):
+        ids, w = route(rng, tokens, layer.experts, top_k)
+        x = gpu.randn_x(tokens)
+        distinct = np.unique(ids)
+        gpu.sync()
+        t0 = time.perf_counter()
+        gpu.compute_resident(gpu.zeros_y(tokens), x, ids, w)
+        gpu.sync()
+        t1 = time.perf_counter()
+        gpu.fetch(distinct)
+        gpu.sync()  # the copies are not timed
+        t2 = time.perf_counter()
+        gpu.compute_fetched(gpu.zeros_y(tokens), x, ids, w, distinct)
+        gpu.sync()
+        t3 = time.perf_counter()
+        if c >= 2:
+            res_s.append(t1 - t0)
+            fet_s.append(t3 - t2)
+            res.append(len(distinct) * ebytes / (t1 - t0) / 1e9)
+            fet.append(len(distinct) * ebytes / (t3 - t2) / 1e9)
+    return {"gpu_gbps": statistics.median(res), "gpu_fetch_gbps": statistics.median(fet),
+            "gpu_resident_call_s": statistics.median(res_s), "gpu_fetched_call_s": statistics.median(fet_s)}
+
+
+def choose_matmul(gpu: Gpu, tokens: int, top_k: int, rng, calls: int = 5) -> dict:
+    """With every expert resident: grouped_mm against the per-expert loop, checked against
+    each other and timed; keeps the faster (the loop when grouped_mm fails)."""
+    layer = gpu.layer
+    out = {"grouped_available": gpu._grouped_mm is not None, "grouped_error": None, "median_ms": {}}
+    if gpu._grouped_mm is None:
+        gpu.matmul = "loop"
+        out["used"] = "loop"
+        return out
+    ids, w = route(rng, tokens, layer.experts, top_k)
+    x = gpu.randn_x(tokens)
+    ys = {}
+    for kind in ("loop", "grouped"):
+        gpu.matmul = kind
+        y = gpu.zeros_y(tokens)
+        try:
+            gpu.compute_resident(y, x, ids, w)
+            gpu.sync()
+        except (RuntimeError, TypeError, ValueError) as e:  # no kernel for this GPU, layout or torch
+            out["grouped_error"] = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+            break
+        if gpu.matmul != kind:  # _matmul gave grouped_mm up
+            out["grouped_error"] = gpu.grouped_failure
+            gpu.grouped_failure = None
+            break
+        ys[kind] = y
+    if "grouped" in ys:
+        scale = ys["loop"].abs().max().item() or 1.0
+        err = (ys["grouped"] - ys["loop"]).abs().max().item() / scale
+        out["grouped_vs_loop_max_rel_err"] = err
+        if err > 1e-2:
+            out["grouped_error"] = f"grouped_mm differs from the loop by {err:.3g} of max |y|"
+            del ys["grouped"]
+    for kind in ys:
+        gpu.matmul = kind
+        times = []
+        for _ in range(calls + 1):
+            ids, w = route(rng, tokens, layer.experts, top_k)
+            gpu.sync()
+            t0 = time.perf_counter()
+            gpu.compute_resident(gpu.zeros_y(tokens), x, ids, w)
+            gpu.sync()
+            times.append(time.perf_counter() - t0)
+        out["median_ms"][kind] = 1e3 * statistics.median(times[1:])
+    gpu.matmul = out["used"] = min(out["median_ms"], key=out["median_ms"].get)
+    return out
+
+
+def measure_cpu_overhead(gpu: Gpu, moe: moejit.MoE, x_host, y_host, tokens: int, top_k: int, calls: int) -> float:
+    """The fixed cost of involving the CPU in a layer call, nothing to compute: x to the
+    host, submit (every route -1), wait, y back to the GPU and the add; median seconds."""
+    ids = np.full((tokens, top_k), -1, np.int32)
+    w = np.full((tokens, top_k), 1.0 / top_k, np.float32)
+    xh, yh = x_host[:tokens], y_host[:tokens]
+    times = []
+    for c in range(calls + 2):
+        x = gpu.randn_x(tokens)
+        gpu.sync()
+        t0 = time.perf_counter()
+        y = gpu.zeros_y(tokens)
+        xh.copy_(x)
+        moe.submit(xh, ids, w, out=yh).wait()
+        y += yh.to(gpu.dev, non_blocking=True).float()
+        gpu.sync()
+        if c >= 2:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_host_read_gbps(gpu: Gpu, moe: moejit.MoE, tokens: int, top_k: int, rng, calls: int,
+                           evict=None) -> dict:
+    """What host DRAM gives moejit and the GPU's copy engine reading at once (the model's
+    DRAM capacity, dram_gbps): moejit computes a call of `tokens` tokens on cold experts
+    while about half as many other experts are copied to the GPU's staging. Returns the
+    median GB/s of each side and of both, (CPU + DMA bytes) / the longer of the two."""
     t = gpu.torch
+    layer = gpu.layer
+    ebytes = expert_bytes(layer.hidden, layer.intermediate)
+    x = np.full((tokens, layer.hidden), 0x3F80, np.uint16)
+    cpu, dma, both = [], [], []
+    for c in range(calls + 1):
+        ids, w = route(rng, tokens, layer.experts, top_k)
+        on_cpu = np.unique(ids)
+        pool = np.setdiff1d(np.arange(layer.experts), on_cpu)
+        n = min(gpu.stage_slots, len(pool), max(1, len(on_cpu) // 2))
+        fetched = rng.choice(pool, size=n, replace=False)
+        if evict:
+            evict(np.concatenate([on_cpu, fetched]))
+        gpu.sync()
+        if gpu.cuda:
+            start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
+            start.record(gpu.copy_stream)
+        t0 = time.perf_counter()
+        task = moe.submit(x, ids, w)
+        gpu.fetch(fetched)
+        if gpu.cuda:
+            end.record(gpu.copy_stream)
+        task.wait()
+        t_cpu = time.perf_counter() - t0
+        gpu.sync()
+        t_dma = start.elapsed_time(end) / 1e3 if gpu.cuda else time.perf_counter() - t0
+        if c >= 1:
+            cpu.append(len(on_cpu) * ebytes / t_cpu / 1e9)
+            dma.append(n * ebytes / t_dma / 1e9)
+            both.append((len(on_cpu) + n) * ebytes / max(t_cpu, t_dma) / 1e9)
+    return {"cpu_gbps": statistics.median(cpu), "dma_gbps": statistics.median(dma),
+            "dram_gbps": statistics.median(both)}
+
+
+def serve(gpu: Gpu, moe: moejit.MoE, x_gpu, x_host, y_host, ids, w, split: Split, way: str) -> tuple[float, object]:
+    """One layer call served `way` ("fetch", "cpu", "hybrid": split's parts); returns (seconds, y on
+    the GPU, fp32).
+    It starts with x on the GPU and ends, synchronized, with y there: the CPU part's copies
+    of x and y are inside the time."""
     if way == "fetch":  # every missed expert over PCIe
         cpu_ids, fetch_ids = None, np.where(split.cpu >= 0, split.cpu, split.fetch)
     elif way == "cpu":  # every missed expert on the CPU
@@ -487,23 +851,21 @@ def serve(gpu: Gpu, moe: moejit.MoE, x_gpu, x_host, y_host, ids, w, split: Split
     else:
         cpu_ids, fetch_ids = split.cpu, split.fetch
     fetched = np.unique(fetch_ids[fetch_ids >= 0]) if fetch_ids is not None else np.zeros(0, np.int32)
-    t.cuda.synchronize()
+    gpu.sync()
     t0 = time.perf_counter()
-    y = t.zeros(x_gpu.shape, dtype=t.float32, device=gpu.dev)
+    y = gpu.zeros_y(x_gpu.shape[0])
     task = None
     if cpu_ids is not None and (cpu_ids >= 0).any():
         x_host.copy_(x_gpu)  # the activations come from the GPU (synchronous, T x H bf16)
         task = moe.submit(x_host, cpu_ids, w, out=y_host)  # pinned torch tensors, read and written in place
     events = gpu.fetch(fetched) if len(fetched) else None
-    gpu.compute(y, x_gpu, gpu.bank, gpu.resident_work(split.resident, w))
+    gpu.compute_resident(y, x_gpu, split.resident, w)
     if events:
-        slot = {int(e): j for j, e in enumerate(fetched)}
-        work = [(slot[e], toks, ws) for e, (toks, ws) in groups(fetch_ids, w).items()]
-        gpu.compute(y, x_gpu, gpu.stage, work, ready=events)
+        gpu.compute_fetched(y, x_gpu, fetch_ids, w, fetched, events)
     if task is not None:
         task.wait()
         y += y_host.to(gpu.dev, non_blocking=True).float()
-    t.cuda.synchronize()
+    gpu.sync()
     return time.perf_counter() - t0, y
 
 
@@ -525,13 +887,28 @@ def parse_args(argv):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=None,
                    help="moejit workers (default: the CPUs of the affinity mask but one, left to the GPU driver)")
-    p.add_argument("--chunk", type=int, default=8, help="experts per batched GPU matmul")
+    p.add_argument("--chunk", type=int, default=8, help="fetched experts per copy event (pipelined with compute)")
+    p.add_argument("--gpu-matmul", choices=("auto", "grouped", "loop"), default="auto",
+                   help="grouped: torch grouped_mm; loop: torch.mm per expert; auto: the faster that works")
+    p.add_argument("--evict-experts", type=int, default=16,
+                   help="experts moejit reads before each timed call to push the call's out of the L3 (0: off)")
     p.add_argument("--profile", help="moejit-bench --profile JSON of this machine (CPU and DRAM GB/s)")
     p.add_argument("--pcie-gbs", type=float, help="host-to-GPU GB/s (default: measured)")
+    p.add_argument("--gpu-gbs", type=float,
+                   help=f"GPU GB/s of expert bytes from resident experts (default: measured; --plan-only "
+                        f"{DEFAULT_GPU_GBPS:g})")
+    p.add_argument("--gpu-fetch-gbs", type=float,
+                   help=f"GPU GB/s of expert bytes dequantized and computed after a fetch (default: measured; "
+                        f"--plan-only {DEFAULT_GPU_FETCH_GBPS:g})")
+    p.add_argument("--cpu-overhead-us", type=float,
+                   help=f"fixed cost of a layer call with a CPU part, us (default: measured; --plan-only "
+                        f"{1e6 * DEFAULT_CPU_OVERHEAD_S:g})")
     p.add_argument("--max-host-gb", type=float, default=60.0, help="refuse layers with more host bytes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan-only", action="store_true",
                    help="no GPU: print the model's table from --profile and --pcie-gbs")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: run the GPU side with torch on the CPU (checks the code; its times mean nothing)")
     p.add_argument("--out", help="write every number as JSON here")
     a = p.parse_args(argv)
     if a.hidden % BLOCK or a.intermediate % BLOCK:
@@ -540,6 +917,14 @@ def parse_args(argv):
         p.error("--top-k must be in [1, --experts]")
     if any(not 0 <= m <= 1 for m in a.miss_rates):
         p.error("--miss-rates must be in [0, 1]")
+    if a.iters < 1 or a.warmup < 0 or a.chunk < 1 or a.evict_experts < 0 or min(a.tokens) < 1:
+        p.error("--iters, --chunk and --tokens must be >= 1, --warmup and --evict-experts >= 0")
+    for name in ("pcie_gbs", "gpu_gbs", "gpu_fetch_gbs"):
+        v = getattr(a, name)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            p.error(f"--{name.replace('_', '-')} must be > 0")
+    if a.cpu_overhead_us is not None and not (math.isfinite(a.cpu_overhead_us) and a.cpu_overhead_us >= 0):
+        p.error("--cpu-overhead-us must be >= 0")
     host_gb = a.experts * expert_bytes(a.hidden, a.intermediate) / 1e9
     if host_gb > a.max_host_gb:
         p.error(f"{a.experts} experts need {host_gb:.1f} GB of host memory, over --max-host-gb {a.max_host_gb}: "
@@ -549,14 +934,14 @@ def parse_args(argv):
     return a
 
 
-def model_rows(a, ebytes: int, cpu: dict[int, dict], pcie_gbs: float, missed_of=None) -> list[dict]:
+def model_rows(a, ebytes: int, inputs: dict[int, dict], pcie_gbs: float) -> list[dict]:
     rows = []
     for tokens in a.tokens:
+        distinct = expected_distinct(tokens, a.experts, a.top_k)
         for m in a.miss_rates:
-            missed = missed_of(tokens, m) if missed_of else expected_missed(tokens, a.experts, a.top_k, m)
-            c = cpu[tokens]
-            rows.append({"tokens": tokens, "miss_rate": m, "missed_experts": missed,
-                         "model": predict(missed, ebytes, c["cpu_gbps"], pcie_gbs, c["dram_gbps"])})
+            missed, resident = m * distinct, (1 - m) * distinct
+            rows.append({"tokens": tokens, "miss_rate": m, "missed_experts": missed, "resident_experts": resident,
+                         "model": predict(missed, resident, ebytes, inputs[tokens], pcie_gbs)})
     return rows
 
 
@@ -576,16 +961,28 @@ def cpu_inputs_from_profile(path: str, tokens: list[int]) -> dict[int, dict]:
             for t in tokens}
 
 
+def gpu_inputs_given(a) -> dict:
+    """The GPU-side inputs given on the command line (None where not given)."""
+    return {"gpu_gbps": a.gpu_gbs, "gpu_fetch_gbps": a.gpu_fetch_gbs,
+            "cpu_overhead_s": None if a.cpu_overhead_us is None else 1e-6 * a.cpu_overhead_us}
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     ebytes = expert_bytes(a.hidden, a.intermediate)
     geometry = {"hidden": a.hidden, "intermediate": a.intermediate, "experts": a.experts, "top_k": a.top_k,
                 "format": "fp8_block", "expert_bytes": ebytes}
     if a.plan_only:
-        cpu = cpu_inputs_from_profile(a.profile, a.tokens)
-        rows = model_rows(a, ebytes, cpu, a.pcie_gbs)
+        inputs = cpu_inputs_from_profile(a.profile, a.tokens)
+        defaults = {"gpu_gbps": DEFAULT_GPU_GBPS, "gpu_fetch_gbps": DEFAULT_GPU_FETCH_GBPS,
+                    "cpu_overhead_s": DEFAULT_CPU_OVERHEAD_S}
+        for k, v in gpu_inputs_given(a).items():
+            for t in a.tokens:
+                inputs[t][k] = defaults[k] if v is None else v
+        rows = model_rows(a, ebytes, inputs, a.pcie_gbs)
         print(markdown_table(rows, measured=False))
-        write_json(a.out, {"geometry": geometry, "inputs": {"pcie_gbs": a.pcie_gbs, "cpu": cpu}, "rows": rows})
+        write_json(a.out, {"geometry": geometry, "inputs": {"pcie_gbs": a.pcie_gbs, "per_tokens": inputs},
+                           "rows": rows})
         return 0
     return run_gpu(a, ebytes, geometry)
 
@@ -596,8 +993,16 @@ def run_gpu(a, ebytes: int, geometry: dict) -> int:
     except ImportError:
         raise SystemExit("the GPU run needs torch; --plan-only prints the model's table without it") from None
 
-    if not torch.cuda.is_available():
+    cuda = a.device == "cuda"
+    if cuda and not torch.cuda.is_available():
         raise SystemExit("no CUDA GPU: use --plan-only for the model's table")
+    if not cuda:
+        torch.set_num_threads(1)  # beside moejit's workers, on the one CPU left to this thread
+    t_start = time.perf_counter()
+
+    def log(msg):
+        print(f"[{time.perf_counter() - t_start:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
     affinity = sorted(os.sched_getaffinity(0))
     threads = a.threads or max(1, len(affinity) - 1)
     ctx = moejit.Context(cpu_ids=affinity[-threads:]) if threads < len(affinity) else moejit.Context()
@@ -605,96 +1010,134 @@ def run_gpu(a, ebytes: int, geometry: dict) -> int:
         os.sched_setaffinity(0, {affinity[0]})  # this (GPU driving) thread off the moejit workers' CPUs
 
     def pinned(shape, dtype):  # uint16 (bf16 bits) as int16: torch's uint16 has no .numpy() everywhere
-        t = torch.empty(shape, dtype=torch.uint8 if dtype == np.uint8 else torch.int16, pin_memory=True)
+        t = torch.empty(shape, dtype=torch.uint8 if dtype == np.uint8 else torch.int16, pin_memory=cuda)
         return t.numpy().view(dtype), t
 
-    t0 = time.perf_counter()
     layer = make_host_layer(a.experts, a.hidden, a.intermediate, a.seed, empty=pinned)
-    print(f"host layer: {a.experts} experts x {ebytes / 1e6:.1f} MB in pinned memory "
-          f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+    log(f"host layer: {a.experts} experts x {ebytes / 1e6:.1f} MB in pinned memory")
     host_t = {"w13": layer.keep[0], "w2": layer.keep[1],  # uint8 e4m3 codes, int16 bf16 bits: pinned
               "s13": layer.keep[2].view(torch.bfloat16), "s2": layer.keep[3].view(torch.bfloat16)}
     max_tokens = max(a.tokens)
-    moe = cpu_layer(ctx, layer, a.top_k, max_tokens)
+    evict_tokens = -(-min(a.evict_experts, a.experts) // a.top_k)
+    moe = cpu_layer(ctx, layer, a.top_k, max(max_tokens, evict_tokens, 1))
+    evict = Evictor(moe, layer, a.top_k, a.evict_experts, a.seed + 2)
     rng = np.random.default_rng(a.seed + 1)
+    calib_calls = max(5, a.iters)
 
-    pcie = a.pcie_gbs or measure_pcie_gbs(torch)
+    # The model's inputs, each measured alone (or given).
+    pcie = a.pcie_gbs or measure_pcie_gbs(torch, device=a.device)
+    given = gpu_inputs_given(a)
     if a.profile:
-        cpu = cpu_inputs_from_profile(a.profile, a.tokens)
-    else:  # measured here; the DRAM capacity is taken as what moejit reached (no probe)
-        cpu = {}
+        inputs = cpu_inputs_from_profile(a.profile, a.tokens)
+    else:  # measured here
+        inputs = {}
         for t in a.tokens:
-            m = measure_cpu_gbps(moe, layer, t, a.top_k, rng, calls=max(5, a.iters))
-            cpu[t] = {"cpu_gbps": m["cpu_gbps"], "dram_gbps": m["cpu_gbps"], "median_call_s": m["median_call_s"],
-                      "source": "measured by this example"}
-    per_tokens = ", ".join(f"{t}: {v['cpu_gbps']:.1f}" for t, v in cpu.items())
-    print(f"inputs: pcie {pcie:.1f} GB/s; cpu GB/s per tokens {per_tokens}; moejit {ctx.isa} x {ctx.num_threads}",
-          file=sys.stderr)
+            m = measure_cpu_gbps(moe, layer, t, a.top_k, rng, calls=calib_calls, evict=evict)
+            inputs[t] = {"cpu_gbps": m["cpu_gbps"], "dram_gbps": m["cpu_gbps"], "median_call_s": m["median_call_s"],
+                         "source": "measured by this example"}
+    log(f"pcie {pcie:.1f} GB/s; cpu GB/s per tokens "
+        + ", ".join(f"{t}: {v['cpu_gbps']:.1f}" for t, v in inputs.items())
+        + f"; moejit {ctx.isa} x {ctx.num_threads}")
 
-    gpu = Gpu(torch, layer, host_t, max_fetch=max_tokens * a.top_k, chunk=a.chunk)
-    x_host = torch.empty((max_tokens, a.hidden), dtype=torch.bfloat16, pin_memory=True)
-    y_host = torch.empty((max_tokens, a.hidden), dtype=torch.bfloat16, pin_memory=True)
+    gpu = Gpu(torch, layer, host_t, max_fetch=max_tokens * a.top_k, chunk=a.chunk, matmul=a.gpu_matmul,
+              device=a.device)
+    x_host = torch.empty((max_tokens, a.hidden), dtype=torch.bfloat16, pin_memory=cuda)
+    y_host = torch.empty((max_tokens, a.hidden), dtype=torch.bfloat16, pin_memory=cuda)
+    host = measure_host_read_gbps(gpu, moe, max_tokens, a.top_k, rng, calls=max(3, a.iters // 3), evict=evict)
+    for t in a.tokens:  # the model's DRAM capacity: what both read at once
+        inputs[t]["dram_gbps_before"] = inputs[t]["dram_gbps"]
+        inputs[t]["dram_gbps"] = host["dram_gbps"]
+    log(f"host reads at once: moejit {host['cpu_gbps']:.1f} + copies {host['dma_gbps']:.1f} GB/s, "
+        f"{host['dram_gbps']:.1f} GB/s together")
+    load_s = {"all": gpu.load_resident(np.ones(a.experts, bool))}
+    matmul = choose_matmul(gpu, max_tokens, a.top_k, rng) if a.gpu_matmul == "auto" else {"used": gpu.matmul}
+    log(f"every expert resident: loaded and dequantized in {load_s['all']:.2f} s; GPU matmul {matmul}")
+    for t in a.tokens:
+        g = measure_gpu_gbps(gpu, t, a.top_k, rng, calls=calib_calls)
+        o = measure_cpu_overhead(gpu, moe, x_host, y_host, t, a.top_k, calls=calib_calls)
+        inputs[t].update({"measured_gpu_gbps": g["gpu_gbps"], "measured_gpu_fetch_gbps": g["gpu_fetch_gbps"],
+                          "gpu_resident_call_s": g["gpu_resident_call_s"],
+                          "gpu_fetched_call_s": g["gpu_fetched_call_s"], "measured_cpu_overhead_s": o})
+        for k, v in given.items():
+            inputs[t][k] = inputs[t][f"measured_{k}"] if v is None else v
+    log("gpu GB/s (resident, fetched) and cpu overhead us per tokens: " + ", ".join(
+        f"{t}: {v['gpu_gbps']:.1f}, {v['gpu_fetch_gbps']:.1f}, {1e6 * v['cpu_overhead_s']:.0f}"
+        for t, v in inputs.items()))
+    last = inputs[max_tokens]
+    log(f"moejit-bench --profile P --pcie-gbs {pcie:.1f} --miss-rate R --gpu-gbs {last['gpu_gbps']:.0f} "
+        f"--gpu-fetch-gbs {last['gpu_fetch_gbps']:.0f} --cpu-overhead-us {1e6 * last['cpu_overhead_s']:.0f} "
+        f"models this machine at {max_tokens} tokens")
+
     rows, checks = [], []
-    ways = ("fetch", "cpu", "split")
     for m in a.miss_rates:
         mask = resident_mask(a.experts, m, rng)
-        gpu.load_resident(mask)
+        load_s[str(m)] = gpu.load_resident(mask)
         for tokens in a.tokens:
-            c = cpu[tokens]
-            # The recommendation's CPU share depends on the GB/s only, not on the bytes.
-            f = cpu_share(predict(expected_missed(tokens, a.experts, a.top_k, m), ebytes, c["cpu_gbps"], pcie,
-                                  c["dram_gbps"]))
+            c = inputs[tokens]
+            # The model at the expected counts of this case: its pick, (c), and its balanced split.
+            distinct = expected_distinct(tokens, a.experts, a.top_k)
+            plan = predict(m * distinct, (1 - m) * distinct, ebytes, c, pcie)
+            pick, f = plan["best"], plan["cpu_fraction"]
             xh, yh = x_host[:tokens], y_host[:tokens]
 
             def call():
                 ids, w = route(rng, tokens, a.experts, a.top_k)
-                x = torch.randn((tokens, a.hidden), device="cuda").to(torch.bfloat16)
-                return ids, w, split_routes(ids, mask, f), x
+                return ids, w, split_routes(ids, mask, f), gpu.randn_x(tokens)
 
             # Correctness: the three ways on one routing against moejit computing every route.
             ids, w, sp, x = call()
             ref = moe.forward(x.cpu().view(torch.int16).numpy(), ids, w)
-            ref_t = torch.from_numpy(ref.view(np.int16)).view(torch.bfloat16).float().cuda()
+            ref_t = torch.from_numpy(ref.view(np.int16)).view(torch.bfloat16).float().to(gpu.dev)
             scale = ref_t.abs().max().item() or 1.0
-            for way in ways:
+            for way in WAYS:
                 err = (serve(gpu, moe, x, xh, yh, ids, w, sp, way)[1] - ref_t).abs().max().item() / scale
                 checks.append({"tokens": tokens, "miss_rate": m, "way": way, "max_rel_err": err})
                 if err > 2e-2:
                     raise SystemExit(f"{way} at {tokens} tokens, miss {m}: max error {err:.3g} of max |y|")
-            # Timing: every call a fresh routing (cold experts for each way, whatever ran before),
-            # the ways in rotating order.
-            times = {k: [] for k in ways + ("gpu_resident",)}
-            missed_counts = []
+            # Timing: every call a fresh routing and x, its experts pushed out of the L3 first,
+            # the ways in rotating order; the GPU's resident compute alone as a fourth.
+            times = {k: [] for k in WAYS + ("gpu_resident",)}
+            missed_counts, resident_counts = [], []
             for it in range(a.warmup + a.iters):
-                for j in range(len(ways)):
-                    way = ways[(it + j) % len(ways)]
+                for j in range(len(WAYS)):
+                    way = WAYS[(it + j) % len(WAYS)]
                     ids, w, sp, x = call()
+                    evict(ids)
                     dt = serve(gpu, moe, x, xh, yh, ids, w, sp, way)[0]
                     if it >= a.warmup:
                         times[way].append(dt)
                         missed_counts.append(len(sp.missed))
+                        resident_counts.append(len(np.unique(sp.resident[sp.resident >= 0])))
                 ids, w, sp, x = call()
-                torch.cuda.synchronize()
+                gpu.sync()
                 t0 = time.perf_counter()
-                gpu.compute(torch.zeros((tokens, a.hidden), device="cuda"), x, gpu.bank,
-                            gpu.resident_work(sp.resident, w))
-                torch.cuda.synchronize()
+                gpu.compute_resident(gpu.zeros_y(tokens), x, sp.resident, w)
+                gpu.sync()
                 if it >= a.warmup:
                     times["gpu_resident"].append(time.perf_counter() - t0)
-            missed = statistics.mean(missed_counts)
-            model = predict(missed, ebytes, c["cpu_gbps"], pcie, c["dram_gbps"])
+            missed, resident = statistics.mean(missed_counts), statistics.mean(resident_counts)
+            model = predict(missed, resident, ebytes, c, pcie)
             ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-            rows.append({"tokens": tokens, "miss_rate": m, "missed_experts": missed, "model": model,
-                         "cpu_share_run": f, "measured_ms": ms,
+            ms["split"] = ms[PICK_WAY[pick]]  # (c): the way the model picked
+            rows.append({"tokens": tokens, "miss_rate": m, "missed_experts": missed, "resident_experts": resident,
+                         "model": model, "model_ms": model_ms(model), "pick_run": pick, "cpu_fraction_run": f,
+                         "measured_ms": ms, "model_error": model_error(model, ms),
                          "samples_ms": {k: [1e3 * v for v in vs] for k, vs in times.items()},
-                         "fastest": fastest(ms), "model_right": model_right(ms)})
-            print(f"tokens {tokens} miss {m:.2f}: {ms}", file=sys.stderr)
+                         "fastest": fastest(ms), "model_right": model_right(ms, pick)})
+            log(f"tokens {tokens} miss {m:.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in ms.items()) + " ms")
     print(markdown_table(rows, measured=True))
     doc = {"geometry": geometry,
-           "machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "moejit": moejit.info(),
-                       "cpu_threads": ctx.num_threads, "isa": ctx.isa},
-           "inputs": {"pcie_gbs": pcie, "cpu": cpu}, "rows": rows, "checks": checks}
+           "machine": {"gpu": torch.cuda.get_device_name() if cuda else "none (--device cpu)",
+                       "torch": torch.__version__, "moejit": moejit.info(), "cpu_threads": ctx.num_threads,
+                       "isa": ctx.isa},
+           "settings": {"iters": a.iters, "warmup": a.warmup, "chunk": a.chunk, "evict_experts": a.evict_experts,
+                        "gpu_matmul": matmul, "gpu_matmul_at_end": gpu.matmul,
+                        "grouped_failure": gpu.grouped_failure, "resident_load_s": load_s,
+                        "wall_s": time.perf_counter() - t_start},
+           "inputs": {"pcie_gbs": pcie, "host_reads_at_once": host, "per_tokens": inputs}, "rows": rows,
+           "checks": checks}
     write_json(a.out, doc)
+    log("done")
     return 0
 
 

@@ -29,6 +29,8 @@ struct Args {
   std::vector<int32_t> tokens, threads;
   int64_t repeat = 5;
   double min_time = 1.0, zipf_s = 1.0, pcie_gbs = 0, miss_rate = 0;
+  double gpu_gbps = kDefaultGpuGbps, gpu_fetch_gbps = kDefaultGpuFetchGbps,
+         cpu_overhead_us = kDefaultCpuOverheadS * 1e6;
   uint64_t seed = 1;
 };
 
@@ -106,6 +108,17 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--pcie-gbs", a.pcie_gbs, "with --profile: host-to-GPU bandwidth the engine measured, GB/s");
   app.add_option("--miss-rate", a.miss_rate,
                  "with --profile: share of routed experts not resident on the GPU");
+  app.add_option("--gpu-gbs", a.gpu_gbps,
+                 "with --pcie-gbs: GB/s of expert bytes the GPU computes from the experts it holds "
+                 "(examples/hybrid_moe.py measures it)")
+      ->capture_default_str();
+  app.add_option("--gpu-fetch-gbs", a.gpu_fetch_gbps,
+                 "with --pcie-gbs: GB/s of expert bytes the GPU dequantizes and computes after a fetch")
+      ->capture_default_str();
+  app.add_option("--cpu-overhead-us", a.cpu_overhead_us,
+                 "with --pcie-gbs: fixed cost of a layer call that computes on the CPU (x to the host, "
+                 "submit, wait, y to the GPU), us")
+      ->capture_default_str();
   app.add_flag("--progress", a.progress, "progress lines on stderr even when it is not a terminal");
   app.add_option("--l3-bytes", a.l3_bytes,
                  "size the cold expert pools (>= " + std::to_string(kPoolL3Multiple) +
@@ -206,11 +219,19 @@ void apply_outputs(const CLI::App& app, const Args& a, Config* c) {
   const bool pcie = app.count("--pcie-gbs") > 0, miss = app.count("--miss-rate") > 0;
   require(!(pcie || miss) || !a.profile.empty(), "--pcie-gbs and --miss-rate need --profile");
   require(pcie == miss, "--pcie-gbs and --miss-rate go together (the backend model needs both)");
+  const bool gpu = app.count("--gpu-gbs") + app.count("--gpu-fetch-gbs") + app.count("--cpu-overhead-us") > 0;
+  require(!gpu || pcie, "--gpu-gbs, --gpu-fetch-gbs and --cpu-overhead-us need --pcie-gbs and --miss-rate");
   if (pcie) {
     require(std::isfinite(a.pcie_gbs) && a.pcie_gbs > 0, "--pcie-gbs must be > 0");
     require(a.miss_rate >= 0 && a.miss_rate <= 1, "--miss-rate must be in [0, 1]");
+    require(std::isfinite(a.gpu_gbps) && a.gpu_gbps > 0, "--gpu-gbs must be > 0");
+    require(std::isfinite(a.gpu_fetch_gbps) && a.gpu_fetch_gbps > 0, "--gpu-fetch-gbs must be > 0");
+    require(std::isfinite(a.cpu_overhead_us) && a.cpu_overhead_us >= 0, "--cpu-overhead-us must be >= 0");
     c->pcie_gbs = a.pcie_gbs;
     c->miss_rate = a.miss_rate;
+    c->gpu_gbps = a.gpu_gbps;
+    c->gpu_fetch_gbps = a.gpu_fetch_gbps;
+    c->cpu_overhead_s = a.cpu_overhead_us * 1e-6;
   }
   c->progress = a.progress;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench_layer.h"
+#include "bench_model.h"
 #include "bench_report.h"
 #include "bench_run.h"
 #include "bench_util.h"
@@ -31,8 +32,11 @@ struct Config {
   uint64_t seed = 1;
   OutputMode output = OutputMode::table;
   std::string plot_path, profile_path;
-  double pcie_gbs = 0;    // 0 = not given
-  double miss_rate = -1;  // < 0 = not given
+  double pcie_gbs = 0;                // 0 = not given
+  double miss_rate = -1;              // < 0 = not given
+  double gpu_gbps = kDefaultGpuGbps;  // the backend model's GPU-side inputs (bench_model.h)
+  double gpu_fetch_gbps = kDefaultGpuFetchGbps;
+  double cpu_overhead_s = kDefaultCpuOverheadS;
   bool progress = false;  // progress lines on stderr even when it is not a terminal
   int64_t l3_bytes = 0;   // the L3 the cold pools and the probe buffer are sized from
   bool l3_given = false;  // --l3-bytes (else detected)

@@ -1,7 +1,6 @@
 #include "bench_profile.h"
 
 #include <algorithm>
-#include <cmath>
 #include <ctime>
 #include <fstream>
 #include <map>
@@ -54,7 +53,11 @@ class ProfileReporter : public Reporter {
             {"routing", routing_label(run.routing)},
             {"dedup", run.dedup != DedupMode::off}};
     if (opt_.pcie_gbs > 0)
-      doc_["model_inputs"] = {{"pcie_gbs", opt_.pcie_gbs}, {"miss_rate", opt_.miss_rate}};
+      doc_["model_inputs"] = {{"pcie_gbs", opt_.pcie_gbs},
+                              {"miss_rate", opt_.miss_rate},
+                              {"gpu_gbps", opt_.gpu_gbps},
+                              {"gpu_fetch_gbps", opt_.gpu_fetch_gbps},
+                              {"cpu_overhead_s", opt_.cpu_overhead_s}};
     else
       doc_["model_inputs"] = nullptr;
     doc_["entries"] = Json::array();
@@ -80,13 +83,28 @@ class ProfileReporter : public Reporter {
               {"routes_per_call", p.routes_per_call}};
     if (opt_.pcie_gbs > 0) {
       const double missing = opt_.miss_rate * p.distinct_per_call;
-      const BackendModel m =
-          model_backends(missing * double(r.layer.expert_bytes), p.weight_gbps, opt_.pcie_gbs, r.dram_gbps);
+      const double resident = p.distinct_per_call - missing;
+      const double eb = double(r.layer.expert_bytes);
+      ModelInputs in;
+      in.cpu_gbps = p.weight_gbps;
+      in.pcie_gbs = opt_.pcie_gbs;
+      in.dram_gbps = r.dram_gbps;
+      in.gpu_gbps = opt_.gpu_gbps;
+      in.gpu_fetch_gbps = opt_.gpu_fetch_gbps;
+      in.cpu_overhead_s = opt_.cpu_overhead_s;
+      const BackendModel m = model_backends(missing * eb, resident * eb, in);
       e["backends"] = {
           {"missing_experts_per_call", missing},
           {"missing_bytes_per_call", m.missing_bytes},
-          {"cpu", {{"time_per_token_s", m.cpu_s * per_token}}},
-          {"pcie", {{"time_per_token_s", m.pcie_s * per_token}, {"gpu_compute", "assumed negligible"}}},
+          {"resident_experts_per_call", resident},
+          {"resident_bytes_per_call", m.resident_bytes},
+          {"gpu_resident", {{"time_per_token_s", m.gpu_resident_s * per_token}}},
+          {"cpu",
+           {{"time_per_token_s", m.cpu_s * per_token}, {"compute_per_token_s", m.cpu_compute_s * per_token}}},
+          {"pcie",
+           {{"time_per_token_s", m.pcie_s * per_token},
+            {"fetch_per_token_s", m.fetch_s * per_token},
+            {"gpu_fetched_per_token_s", m.gpu_fetched_s * per_token}}},
           {"hybrid",
            {{"cpu_fraction", m.cpu_fraction},
             {"time_per_token_s", m.hybrid_s * per_token},
@@ -94,21 +112,22 @@ class ProfileReporter : public Reporter {
             {"dram_floor_per_token_s", m.dram_floor_s * per_token},
             {"dram_capacity_gbps", m.dram_capacity_gbps}}}};
       const double single = std::min(m.cpu_s, m.pcie_s);
+      const auto us = [&](double s) { return strf("%.1f", s * per_token * 1e6); };
       std::string reason;
       if (m.best == "none") {
-        reason = "no missing experts at miss_rate 0";
+        reason = "no missing experts at miss_rate 0: the layer is the GPU's resident compute, " +
+                 us(m.gpu_resident_s) + " us/token";
       } else if (m.best == "hybrid") {
-        reason = "hybrid " + strf("%.1f", m.hybrid_s * per_token * 1e6) +
-                 " us/token beats the better single backend (" + strf("%.1f", single * per_token * 1e6) +
-                 " us) by more than 10%";
+        reason = "hybrid " + us(m.hybrid_s) + " us/token (cpu_fraction " + strf("%.2f", m.cpu_fraction) +
+                 ") beats the better single way (" + us(single) + " us) by more than 10%";
       } else {
-        reason = m.best + " " + strf("%.1f", m.best_s * per_token * 1e6) + " us/token; cpu " +
-                 strf("%.1f", m.cpu_s * per_token * 1e6) + ", pcie " +
-                 strf("%.1f", m.pcie_s * per_token * 1e6) + ", hybrid " +
-                 strf("%.1f", m.hybrid_s * per_token * 1e6) +
+        reason = m.best + " " + us(m.best_s) + " us/token; cpu " + us(m.cpu_s) + ", pcie " + us(m.pcie_s) +
+                 ", hybrid " + us(m.hybrid_s) +
                  (m.hybrid_s >= m.hybrid_ideal_s * 1.001 ? " (held at the DRAM floor)" : "") +
                  " does not beat it by 10%";
       }
+      if (m.best != "none" && m.best_s <= m.gpu_resident_s * 1.001)
+        reason += "; the GPU's resident compute (" + us(m.gpu_resident_s) + " us) bounds the layer";
       e["recommendation"] = {
           {"backend", m.best}, {"time_per_token_s", m.best_s * per_token}, {"reason", reason}};
     }
@@ -142,32 +161,6 @@ class ProfileReporter : public Reporter {
 };
 
 }  // namespace
-
-BackendModel model_backends(double missing_bytes, double cpu_gbps, double pcie_gbs, double dram_gbps,
-                            double hybrid_margin) {
-  BackendModel m;
-  m.missing_bytes = missing_bytes;
-  if (missing_bytes <= 0) {
-    m.best = "none";
-    return m;
-  }
-  m.cpu_s = cpu_gbps > 0 ? missing_bytes / (cpu_gbps * 1e9) : INFINITY;
-  m.pcie_s = missing_bytes / (pcie_gbs * 1e9);
-  // f cpu = (1 - f) pcie  =>  f = pcie / (cpu + pcie), time = cpu pcie / (cpu + pcie).
-  m.cpu_fraction = std::isfinite(m.cpu_s) ? m.pcie_s / (m.cpu_s + m.pcie_s) : 0.0;
-  m.hybrid_ideal_s = std::isfinite(m.cpu_s) ? m.cpu_s * m.pcie_s / (m.cpu_s + m.pcie_s) : m.pcie_s;
-  // CPU and DMA read the same DRAM. Its capacity is at least what the CPU threads pulled and what
-  // PCIe alone moves; taking the larger as the capacity means: a CPU that already saturates DRAM
-  // gains nothing from adding DMA, one that does not (few threads, compute-bound) does.
-  m.dram_capacity_gbps = std::max(dram_gbps, pcie_gbs);
-  m.dram_floor_s = missing_bytes / (m.dram_capacity_gbps * 1e9);
-  m.hybrid_s = std::max(m.hybrid_ideal_s, m.dram_floor_s);
-  const double single = std::min(m.cpu_s, m.pcie_s);
-  m.best = m.cpu_s <= m.pcie_s ? "cpu" : "pcie";
-  m.best_s = single;
-  if (m.hybrid_s < single * (1.0 - hybrid_margin)) m.best = "hybrid", m.best_s = m.hybrid_s;
-  return m;
-}
 
 std::unique_ptr<Reporter> make_profile_reporter(const ProfileOptions& options) {
   return std::make_unique<ProfileReporter>(options);

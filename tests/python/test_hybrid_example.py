@@ -4,6 +4,7 @@ CPU path on a small layer against a float64 reference, and --plan-only."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -18,24 +19,100 @@ import hybrid_moe as hm  # noqa: E402
 
 BENCH = os.environ.get("MOEJIT_BENCH_EXE")
 
+try:  # the GPU side's code, run with torch on the CPU (--device cpu): where torch is installed
+    import torch
+except ImportError:
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 
-def test_model_cases():
-    none = hm.model_backends(0, 10, 25, 30)
-    assert none["best"] == "none" and none["best_s"] == 0 and hm.cpu_share(none) == 0
-    # CPU at 100 GB/s against PCIe at 25: the CPU wins; hybrid is held at the DRAM floor.
-    m = hm.model_backends(1e9, 100, 25, 100)
+
+INF = float("inf")
+
+
+def model(missing, resident, cpu, pcie, dram, gpu=INF, gpu_fetch=INF, overhead=0.0):
+    return hm.model_backends(missing, resident, cpu, pcie, dram, gpu, gpu_fetch, overhead)
+
+
+def split_time(m, overhead, f):
+    """t(f) of the split as tools/bench_model.h defines it, evaluated directly (f: a number or an array)."""
+    gpu = np.maximum(m["gpu_resident_s"], (1 - f) * m["fetch_s"]) + (1 - f) * m["gpu_fetched_s"]
+    return np.maximum(overhead + f * m["cpu_compute_s"], gpu)
+
+
+# The same cases as tests/test_bench_model.cpp (BackendModel.*): the two copies of the model agree.
+def test_model_without_gpu_terms_is_cpu_against_pcie():
+    m = model(1e9, 0, 100, 25, 100)
     assert m["cpu_s"] == pytest.approx(0.01) and m["pcie_s"] == pytest.approx(0.04)
     assert m["cpu_fraction"] == pytest.approx(0.8) and m["hybrid_ideal_s"] == pytest.approx(0.008)
     assert m["dram_floor_s"] == pytest.approx(0.01) and m["hybrid_s"] == pytest.approx(0.01)
     assert m["best"] == "cpu" and hm.cpu_share(m) == 1.0
-    # Equal backends with DRAM to spare: hybrid halves the time.
-    h = hm.model_backends(1e9, 25, 25, 200)
+    h = model(1e9, 0, 25, 25, 200)  # equal ways with DRAM to spare: the split halves the time
     assert h["best"] == "hybrid" and h["best_s"] == pytest.approx(0.02) and hm.cpu_share(h) == pytest.approx(0.5)
-    # Hybrid must beat the better single backend by more than 10%.
-    close = hm.model_backends(1e9, 25, 25, 27.0)
+    close = model(1e9, 0, 25, 25, 27.0)  # the split must beat the better single way by more than 10%
     assert close["best"] in ("cpu", "pcie") and close["hybrid_s"] == pytest.approx(1 / 27.0)
-    assert hm.model_backends(1e9, 10, 25, 25)["best"] == "pcie"  # DRAM no faster than PCIe: no gain
-    assert hm.model_backends(1e9, 0, 25, 30)["cpu_s"] == float("inf")
+    assert model(1e9, 0, 10, 25, 25)["best"] == "pcie"
+
+
+def test_model_gpu_resident_compute_bounds_every_way():
+    # 10 GB resident at 1000 GB/s: 10 ms; 0.1 GB missing: 1 ms on the CPU, 4 ms over PCIe.
+    m = model(1e8, 1e10, 100, 25, 100, 1000, 500, 5e-4)
+    assert m["gpu_resident_s"] == pytest.approx(0.01) and m["cpu_compute_s"] == pytest.approx(0.001)
+    assert m["cpu_s"] == pytest.approx(0.01)  # the CPU hides behind the resident compute
+    assert m["pcie_s"] == pytest.approx(0.0102)  # the fetched experts' compute after the resident ones
+    assert m["cpu_fraction"] == 1.0 and m["hybrid_s"] == pytest.approx(0.01)
+    assert m["best"] == "cpu" and m["best_s"] == pytest.approx(m["gpu_resident_s"])
+    none = model(0, 1e10, 100, 25, 100, 1000, 500, 5e-4)  # nothing missing: the resident compute
+    assert none["best"] == "none" and hm.cpu_share(none) == 0
+    assert none["best_s"] == none["cpu_s"] == pytest.approx(0.01) and none["cpu_fraction"] == 0
+
+
+def test_model_cpu_overhead_can_make_fetching_win():
+    cheap = model(1e8, 0, 100, 25, 100, INF, 500, 0.0)
+    assert cheap["cpu_s"] == pytest.approx(0.001) and cheap["best"] == "cpu"
+    dear = model(1e8, 0, 100, 25, 100, INF, 500, 0.004)
+    assert dear["cpu_s"] == pytest.approx(0.005) and dear["pcie_s"] == pytest.approx(0.0042)
+    assert dear["best"] == "pcie" and hm.cpu_share(dear) == 0.0
+    assert 0 < dear["cpu_fraction"] < 0.05
+    assert dear["hybrid_s"] == pytest.approx(0.004 + dear["cpu_fraction"] * 0.001, abs=1e-15)
+
+
+def test_model_fetched_experts_cost_gpu_compute_after_the_fetch():
+    m = model(1e9, 0, 10, 25, 100, INF, 50, 0.0)
+    assert m["fetch_s"] == pytest.approx(0.04) and m["gpu_fetched_s"] == pytest.approx(0.02)
+    assert m["pcie_s"] == pytest.approx(0.06)
+    assert m["cpu_fraction"] == pytest.approx(0.375) and m["hybrid_ideal_s"] == pytest.approx(0.0375)
+
+
+def test_model_split_is_the_minimum_over_f():
+    fs = np.linspace(0, 1, 20001)
+    for resident in (0.0, 2e8, 1e9, 5e9):
+        for overhead in (0.0, 2e-4, 3e-3):
+            for cpu in (20.0, 100.0, 400.0):
+                for gpu_fetch in (100.0, 400.0, INF):
+                    m = model(5e8, resident, cpu, 50, 1e6, 1500, gpu_fetch, overhead)
+                    best = split_time(m, overhead, fs).min()
+                    at_f = split_time(m, overhead, m["cpu_fraction"])
+                    assert m["hybrid_ideal_s"] == pytest.approx(at_f, abs=1e-15)
+                    assert m["hybrid_ideal_s"] <= best * (1 + 1e-12)
+                    grid = 1e-4 * (m["cpu_compute_s"] + m["fetch_s"] + m["gpu_fetched_s"])  # the grid's step
+                    assert m["hybrid_ideal_s"] >= best - grid
+                    assert m["cpu_s"] == pytest.approx(split_time(m, overhead, 1.0))
+                    assert m["pcie_s"] == pytest.approx(max(m["gpu_resident_s"], m["fetch_s"]) + m["gpu_fetched_s"])
+
+
+def test_model_no_cpu_means_fetch_everything():
+    m = model(1e9, 0, 0, 25, 30)
+    assert m["cpu_s"] == INF and m["best"] == "pcie" and m["cpu_fraction"] == 0
+    assert m["hybrid_ideal_s"] == pytest.approx(m["pcie_s"])
+
+
+def test_model_defaults_are_moejit_bench_defaults():
+    src = open(os.path.join(os.path.dirname(hm.__file__), "..", "tools", "bench_model.h")).read()
+    for name, value in (("kDefaultGpuGbps", hm.DEFAULT_GPU_GBPS),
+                        ("kDefaultGpuFetchGbps", hm.DEFAULT_GPU_FETCH_GBPS),
+                        ("kDefaultCpuOverheadS", hm.DEFAULT_CPU_OVERHEAD_S)):
+        m = re.search(rf"constexpr double {name} = ([0-9.e+-]+);", src)
+        assert m and float(m.group(1)) == value, name
 
 
 @pytest.mark.skipif(not BENCH, reason="MOEJIT_BENCH_EXE (set by CTest) names no moejit-bench")
@@ -45,43 +122,64 @@ def test_model_matches_moejit_bench_profile(tmp_path):
     subprocess.run([BENCH, "--hidden", "256", "--intermediate", "128", "--experts", "32", "--top-k", "4",
                     "--format", "fp8_block,bf16", "--tokens", "1,4", "--threads", "1", "--min-time", "0.02",
                     "--repeat", "2", "--warmup", "1", "--profile", str(prof), "--pcie-gbs", "25", "--miss-rate",
-                    "0.3"], check=True, capture_output=True)
+                    "0.3", "--gpu-gbs", "2", "--gpu-fetch-gbs", "0.5", "--cpu-overhead-us", "30"],
+                   check=True, capture_output=True)
     doc = json.loads(prof.read_text())
-    assert doc["schema_version"] == 1 and doc["model_inputs"] == {"pcie_gbs": 25.0, "miss_rate": 0.3}
+    assert doc["schema_version"] == 2
+    assert doc["model_inputs"] == {"pcie_gbs": 25.0, "miss_rate": 0.3, "gpu_gbps": 2.0, "gpu_fetch_gbps": 0.5,
+                                   "cpu_overhead_s": pytest.approx(30e-6)}
     assert len(doc["entries"]) == 4
     for e in doc["entries"]:
         b = e["backends"]
         per_token = 1.0 / e["tokens"]
-        m = hm.model_backends(b["missing_bytes_per_call"], e["cpu_gbps"], 25.0, e["dram_gbps"])
+        m = hm.model_backends(b["missing_bytes_per_call"], b["resident_bytes_per_call"], e["cpu_gbps"], 25.0,
+                              e["dram_gbps"], 2.0, 0.5, 30e-6)
         assert b["missing_experts_per_call"] == pytest.approx(0.3 * e["distinct_experts_per_call"])
+        assert b["resident_experts_per_call"] == pytest.approx(0.7 * e["distinct_experts_per_call"])
         assert m["missing_bytes"] == pytest.approx(b["missing_experts_per_call"] * e["expert_bytes"])
-        assert m["cpu_s"] * per_token == pytest.approx(b["cpu"]["time_per_token_s"], rel=1e-9)
-        assert m["pcie_s"] * per_token == pytest.approx(b["pcie"]["time_per_token_s"], rel=1e-9)
-        hyb = b["hybrid"]
-        assert m["cpu_fraction"] == pytest.approx(hyb["cpu_fraction"], rel=1e-9)
-        assert m["hybrid_s"] * per_token == pytest.approx(hyb["time_per_token_s"], rel=1e-9)
-        assert m["hybrid_ideal_s"] * per_token == pytest.approx(hyb["ideal_time_per_token_s"], rel=1e-9)
-        assert m["dram_floor_s"] * per_token == pytest.approx(hyb["dram_floor_per_token_s"], rel=1e-9)
-        assert m["dram_capacity_gbps"] == pytest.approx(hyb["dram_capacity_gbps"], rel=1e-12)
+        assert m["resident_bytes"] == pytest.approx(b["resident_experts_per_call"] * e["expert_bytes"])
+        assert m["gpu_resident_s"] > 0
+        for key, got in ((m["gpu_resident_s"], b["gpu_resident"]["time_per_token_s"]),
+                         (m["cpu_s"], b["cpu"]["time_per_token_s"]),
+                         (m["cpu_compute_s"], b["cpu"]["compute_per_token_s"]),
+                         (m["pcie_s"], b["pcie"]["time_per_token_s"]),
+                         (m["fetch_s"], b["pcie"]["fetch_per_token_s"]),
+                         (m["gpu_fetched_s"], b["pcie"]["gpu_fetched_per_token_s"]),
+                         (m["hybrid_s"], b["hybrid"]["time_per_token_s"]),
+                         (m["hybrid_ideal_s"], b["hybrid"]["ideal_time_per_token_s"]),
+                         (m["dram_floor_s"], b["hybrid"]["dram_floor_per_token_s"]),
+                         (m["best_s"], e["recommendation"]["time_per_token_s"])):
+            assert key * per_token == pytest.approx(got, rel=1e-9)
+        assert m["cpu_fraction"] == pytest.approx(b["hybrid"]["cpu_fraction"], rel=1e-9, abs=1e-12)
+        assert m["dram_capacity_gbps"] == pytest.approx(b["hybrid"]["dram_capacity_gbps"], rel=1e-12)
         assert m["best"] == e["recommendation"]["backend"]
-        assert m["best_s"] * per_token == pytest.approx(e["recommendation"]["time_per_token_s"], rel=1e-9)
     best = hm.load_profile(str(prof))
     assert sorted(best) == [1, 4] and all(v["format"] == "fp8_block" for v in best.values())
     # --plan-only reads the same profile and prints the model's table.
     out = tmp_path / "plan.json"
     r = subprocess.run([sys.executable, hm.__file__, "--plan-only", "--profile", str(prof), "--pcie-gbs", "25",
                         "--tokens", "1,4", "--experts", "32", "--hidden", "256", "--intermediate", "128",
-                        "--top-k", "4", "--out", str(out)], check=True, capture_output=True, text=True,
-                       env=os.environ.copy())
+                        "--top-k", "4", "--gpu-gbs", "2", "--gpu-fetch-gbs", "0.5", "--cpu-overhead-us", "30",
+                        "--out", str(out)], check=True, capture_output=True, text=True, env=os.environ.copy())
     assert r.stdout.startswith("| tokens | miss % |") and len(r.stdout.strip().splitlines()) == 2 + 2 * 4
     plan = json.loads(out.read_text())
     assert len(plan["rows"]) == 8 and plan["inputs"]["pcie_gbs"] == 25
+    # The plan at miss 0.3 is the profile's model of the same entry (expected, not measured, distinct experts).
+    for row in plan["rows"]:
+        if row["miss_rate"] != 0.3:
+            continue
+        e = best[row["tokens"]]
+        m = hm.predict(row["missed_experts"], row["resident_experts"], e["expert_bytes"],
+                       {"cpu_gbps": e["cpu_gbps"], "dram_gbps": e["dram_gbps"], "gpu_gbps": 2.0,
+                        "gpu_fetch_gbps": 0.5, "cpu_overhead_s": 30e-6}, 25.0)
+        assert row["model"] == pytest.approx(m)
+        assert row["model"]["gpu_resident_s"] > 0
 
 
 def test_load_profile_checks_schema(tmp_path):
     p = tmp_path / "p.json"
-    p.write_text(json.dumps({"schema_version": 2, "entries": []}))
-    with pytest.raises(ValueError, match="schema_version 2"):
+    p.write_text(json.dumps({"schema_version": 3, "entries": []}))
+    with pytest.raises(ValueError, match="schema_version 3"):
         hm.load_profile(str(p))
     p.write_text(json.dumps({"schema_version": 1, "entries": [
         {"format": "bf16", "tokens": 1, "cpu_gbps": 5.0, "dram_gbps": 9.0}]}))
@@ -95,7 +193,7 @@ def test_load_profile_checks_schema(tmp_path):
 
 def test_plan_only_table_and_json(tmp_path, capsys):
     p = tmp_path / "p.json"
-    p.write_text(json.dumps({"schema_version": 1, "entries": [
+    p.write_text(json.dumps({"schema_version": 2, "entries": [
         {"format": "fp8_block", "tokens": t, "cpu_gbps": 20.0 * t ** 0.3, "dram_gbps": 60.0} for t in (1, 4, 16)]}))
     out = tmp_path / "o.json"
     assert hm.main(["--plan-only", "--profile", str(p), "--pcie-gbs", "25", "--out", str(out)]) == 0
@@ -106,13 +204,47 @@ def test_plan_only_table_and_json(tmp_path, capsys):
     row = doc["rows"][0]
     assert row["tokens"] == 1 and row["miss_rate"] == 0.1
     assert row["missed_experts"] == pytest.approx(0.8)  # 8 distinct experts x 10%
-    assert row["model"]["best"] == "hybrid"
+    assert row["resident_experts"] == pytest.approx(7.2)
+    # Without GPU inputs on the command line, moejit-bench's defaults.
+    inputs = doc["inputs"]["per_tokens"]["1"]
+    assert inputs["gpu_gbps"] == hm.DEFAULT_GPU_GBPS and inputs["cpu_overhead_s"] == hm.DEFAULT_CPU_OVERHEAD_S
+    m = row["model"]
+    assert m["gpu_resident_s"] == pytest.approx(7.2 * 44_045_568 / (hm.DEFAULT_GPU_GBPS * 1e9))
+    assert m["cpu_s"] == pytest.approx(hm.DEFAULT_CPU_OVERHEAD_S + 0.8 * 44_045_568 / 20e9)
+    assert m["best"] == "hybrid"
+    # A slow GPU makes the resident compute the layer: the CPU way hides behind it.
+    assert hm.main(["--plan-only", "--profile", str(p), "--pcie-gbs", "25", "--gpu-gbs", "50", "--tokens", "16",
+                    "--miss-rates", "0.1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    slow = json.loads(out.read_text())["rows"][0]["model"]
+    assert slow["best"] == "cpu" and slow["best_s"] == pytest.approx(slow["gpu_resident_s"])
     with pytest.raises(SystemExit):
         hm.main(["--plan-only", "--pcie-gbs", "25"])  # no profile
     with pytest.raises(SystemExit):
         hm.main(["--plan-only", "--profile", str(p), "--pcie-gbs", "25", "--tokens", "2"])  # no entry for 2
     with pytest.raises(SystemExit):
         hm.main(["--experts", "2000", "--plan-only", "--profile", str(p), "--pcie-gbs", "25"])  # host memory
+    for bad in (["--gpu-gbs", "0"], ["--gpu-fetch-gbs", "-1"], ["--cpu-overhead-us", "-3"], ["--pcie-gbs", "0"]):
+        with pytest.raises(SystemExit):
+            hm.main(["--plan-only", "--profile", str(p), "--pcie-gbs", "25"] + bad)
+
+
+def test_measured_table_and_model_error():
+    m = model(1e8, 1e9, 100, 25, 100, 1000, 500, 1e-4)
+    ms = {"gpu_resident": 1.0, "fetch": 5.0, "cpu": 1.2, "hybrid": 1.3}
+    ms["split"] = ms[hm.PICK_WAY[m["best"]]]
+    err = hm.model_error(m, ms)
+    assert set(err) == {"gpu_resident", "fetch", "cpu", "hybrid", "split"}
+    assert err["gpu_resident"] == pytest.approx(0.0) and err["cpu"] == pytest.approx(1.1 / 1.2 - 1)
+    assert err["split"] == pytest.approx(1e3 * m["best_s"] / ms["split"] - 1)
+    assert hm.fastest(ms) == "cpu" and hm.fastest({**ms, "hybrid": 1.0}) == "hybrid"
+    assert hm.model_right(ms, "cpu") and hm.model_right(ms, "hybrid") and not hm.model_right(ms, "pcie")
+    assert not hm.model_right({**ms, "hybrid": 1.4}, "hybrid") and hm.model_right(ms, "none")
+    row = {"tokens": 4, "miss_rate": 0.25, "missed_experts": 7.9, "model": m, "measured_ms": ms, "model_error": err,
+           "pick_run": "cpu", "cpu_fraction_run": 1.0, "fastest": "cpu", "model_right": True}
+    table = hm.markdown_table([row], measured=True).splitlines()
+    assert len(table) == 3 and table[0].count("|") == table[2].count("|") == 17
+    assert "| 1.30 (1.00) | 1.20 (cpu) | +0 / " in table[2] and table[2].endswith("| cpu | yes |")
 
 
 def test_expected_missed():
@@ -142,6 +274,46 @@ def test_routing_and_split(rng):
         hm.split_routes(ids, mask, 1.5)
     g = hm.groups(ids, w)
     assert sum(len(t) for t, _ in g.values()) == (ids >= 0).sum() and list(g) == sorted(g)
+
+
+def test_sort_routes(rng):
+    ids, w = hm.route(rng, 4, 16, 3)
+    ids[1, 0] = -1
+    slot_of = np.full(16, -1, np.int64)
+    used = np.unique(ids[ids >= 0])
+    slot_of[used] = np.arange(len(used))[::-1]  # slots in another order than the ids
+    r = hm.sort_routes(ids, w, slot_of, len(used) + 2)
+    assert r.routes == 11 and r.counts.sum() == 11 and len(r.counts) == len(used) + 2 and r.counts[-2:].sum() == 0
+    # Grouped by slot, each route once, with its token and weight.
+    slots = np.repeat(np.arange(len(r.counts)), r.counts)
+    got = sorted(zip(slots.tolist(), r.tokens.tolist(), r.weights.tolist()))
+    want = sorted((int(slot_of[ids[t, j]]), t, float(w[t, j])) for t, j in zip(*np.nonzero(ids >= 0)))
+    assert got == want
+    slot_of[used[0]] = -1
+    with pytest.raises(ValueError, match="no slot"):
+        hm.sort_routes(ids, w, slot_of, len(used))
+
+
+def test_evictor_reads_other_experts(rng):
+    calls = []
+
+    class Fake:
+        def forward(self, x, ids, w):
+            calls.append((x.shape, ids.copy(), w.copy()))
+
+    layer = hm.HostLayer(np.zeros((40, 256, 128), np.uint8), np.zeros((40, 2, 1), np.uint16),
+                         np.zeros((40, 128, 128), np.uint8), np.zeros((40, 1, 1), np.uint16))
+    ev = hm.Evictor(Fake(), layer, top_k=4, experts=10, seed=1)
+    avoid = np.arange(0, 40, 2)
+    ev(avoid)
+    (shape, ids, w), = calls
+    assert shape == (3, 128) and ids.shape == w.shape == (3, 4)
+    picked = ids[ids >= 0]
+    assert len(picked) == 10 and len(set(picked.tolist())) == 10 and not np.isin(picked, avoid).any()
+    ev(np.arange(36))  # fewer experts left than asked: those
+    assert sorted(calls[-1][1][calls[-1][1] >= 0].tolist()) == [36, 37, 38, 39]
+    hm.Evictor(Fake(), layer, top_k=4, experts=0, seed=1)()  # off
+    assert len(calls) == 2
 
 
 def test_cpu_path_on_a_small_layer(rng):
@@ -175,10 +347,110 @@ def test_cpu_path_on_a_small_layer(rng):
 
 
 def test_gpu_run_without_torch_says_so():
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        with pytest.raises(SystemExit, match="the GPU run needs torch"):
-            hm.main(["--experts", "8"])
-    else:
+    if torch is not None:
         pytest.skip("torch is installed")
+    with pytest.raises(SystemExit, match="the GPU run needs torch"):
+        hm.main(["--experts", "8"])
+
+
+def torch_views(layer):
+    return {"w13": torch.from_numpy(layer.w13), "w2": torch.from_numpy(layer.w2),
+            "s13": torch.from_numpy(layer.s13.view(np.int16)).view(torch.bfloat16),
+            "s2": torch.from_numpy(layer.s2.view(np.int16)).view(torch.bfloat16)}
+
+
+def close_to(got, ref, tol=2e-2):
+    got = got.double().numpy() if hasattr(got, "numpy") else got
+    scale = np.abs(ref).max() or 1.0
+    return np.abs(got - ref).max() / scale <= tol
+
+
+@needs_torch
+@pytest.mark.parametrize("matmul", ["loop", "grouped"])
+def test_gpu_side_on_the_cpu(rng, matmul):
+    torch.set_num_threads(1)
+    layer = hm.make_host_layer(10, 256, 256, seed=5)
+    gpu = hm.Gpu(torch, layer, torch_views(layer), max_fetch=8, chunk=3, matmul="loop", device="cpu")
+    if matmul == "grouped":
+        if gpu._grouped_mm is None:
+            pytest.skip("this torch has no grouped_mm")
+        gpu.matmul = "grouped"
+    mask = hm.resident_mask(10, 0.4, rng)
+    gpu.load_resident(mask)
+    # The resident experts, dequantized once: the float64 dequantization rounded to bf16.
+    for e in np.flatnonzero(mask):
+        s = gpu.slot_of[e]
+        ref = hm.dequant(layer.w13[e], layer.s13[e])
+        got = gpu.bank["w13"][s].double().numpy()
+        np.testing.assert_allclose(got, ref, rtol=2 ** -8, atol=0)
+        np.testing.assert_allclose(gpu.bank["w2"][s].double().numpy(), hm.dequant(layer.w2[e], layer.s2[e]),
+                                   rtol=2 ** -8, atol=0)
+    assert (gpu.slot_of[~mask] == -1).all()
+    ids, w = hm.route(rng, 4, 10, 3)
+    x_bits = (rng.standard_normal((4, 256)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    x = torch.from_numpy(x_bits.view(np.int16)).view(torch.bfloat16)
+    sp = hm.split_routes(ids, mask, 0.5)
+    y = gpu.zeros_y(4)
+    gpu.compute_resident(y, x, sp.resident, w)
+    assert close_to(y, hm.reference(layer, x_bits, sp.resident, w))
+    # Fetched experts, chunk by chunk (3 per chunk), dequantized from the fp8 staging.
+    missed = np.where(sp.cpu >= 0, sp.cpu, sp.fetch)
+    fetched = np.unique(missed[missed >= 0])
+    events = gpu.fetch(fetched)
+    assert len(events) == -(-len(fetched) // 3)
+    y = gpu.zeros_y(4)
+    gpu.compute_fetched(y, x, missed, w, fetched, events)
+    assert close_to(y, hm.reference(layer, x_bits, missed, w))
+    with pytest.raises(ValueError):
+        gpu.fetch(np.arange(9))  # more than the staging slots
+    # The three ways against the whole layer.
+    ctx = moejit.Context(num_threads=1)
+    moe = hm.cpu_layer(ctx, layer, top_k=3, max_tokens=4)
+    xh, yh = torch.empty((4, 256), dtype=torch.bfloat16), torch.empty((4, 256), dtype=torch.bfloat16)
+    ref = hm.reference(layer, x_bits, ids, w)
+    for way in hm.WAYS:
+        dt, y = hm.serve(gpu, moe, x, xh, yh, ids, w, sp, way)
+        assert dt > 0 and close_to(y, ref), way
+    assert gpu.matmul == matmul and gpu.grouped_failure is None  # grouped_mm was not given up
+    # The inputs' measurements run (every expert resident).
+    gpu.load_resident(np.ones(10, bool))
+    g = hm.measure_gpu_gbps(gpu, 2, 3, rng, calls=1)
+    assert g["gpu_gbps"] > 0 and g["gpu_fetch_gbps"] > 0
+    assert hm.measure_cpu_overhead(gpu, moe, xh, yh, 2, 3, calls=1) > 0
+    chosen = hm.choose_matmul(gpu, 2, 3, rng, calls=1)
+    assert chosen["used"] in ("loop", "grouped") and gpu.matmul == chosen["used"]
+
+
+@needs_torch
+def test_gpu_run_on_the_cpu(tmp_path, capsys):
+    out = tmp_path / "run.json"
+    affinity = os.sched_getaffinity(0)  # the run pins this thread off moejit's workers
+    try:
+        rc = hm.main(["--device", "cpu", "--experts", "8", "--hidden", "128", "--intermediate", "128",
+                      "--top-k", "2", "--tokens", "1,2", "--miss-rates", "0.25,0.75", "--iters", "2",
+                      "--warmup", "0", "--threads", "1", "--evict-experts", "4", "--out", str(out)])
+    finally:
+        os.sched_setaffinity(0, affinity)
+    assert rc == 0
+    table = capsys.readouterr().out.strip().splitlines()
+    assert len(table) == 2 + 4 and table[0].startswith("| tokens | miss % |")
+    doc = json.loads(out.read_text())
+    assert len(doc["rows"]) == 4 and len(doc["checks"]) == 12
+    assert all(c["max_rel_err"] <= 2e-2 for c in doc["checks"])
+    for t in ("1", "2"):
+        inp = doc["inputs"]["per_tokens"][t]
+        for k in ("cpu_gbps", "gpu_gbps", "gpu_fetch_gbps", "cpu_overhead_s"):
+            assert inp[k] > 0, k
+    host = doc["inputs"]["host_reads_at_once"]
+    assert host["cpu_gbps"] > 0 and host["dma_gbps"] > 0 and host["dram_gbps"] > 0
+    for r in doc["rows"]:
+        assert set(r["measured_ms"]) == {"fetch", "cpu", "hybrid", "split", "gpu_resident"}
+        assert r["measured_ms"]["split"] == r["measured_ms"][hm.PICK_WAY[r["pick_run"]]]
+        assert set(r["model_error"]) == set(r["measured_ms"])
+        assert set(r["samples_ms"]) == {"fetch", "cpu", "hybrid", "gpu_resident"}
+        assert all(len(v) == 2 for v in r["samples_ms"].values())
+        assert r["model_right"] == hm.model_right(r["measured_ms"], r["pick_run"])
+        m = r["model"]
+        inputs = doc["inputs"]["per_tokens"][str(r["tokens"])]
+        assert m == pytest.approx(hm.predict(r["missed_experts"], r["resident_experts"],
+                                             doc["geometry"]["expert_bytes"], inputs, doc["inputs"]["pcie_gbs"]))
