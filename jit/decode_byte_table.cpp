@@ -40,8 +40,8 @@ class ByteTableDecoder : public Decoder {
  protected:
   // The value of table entry i (a code's magnitude bits).
   virtual float magnitude(int i) const {
-    return key_.format == int32_t(Format::mxfp8_e5m2) ? formats::e5m2_to_f32(uint8_t(i))
-                                                      : formats::e4m3_to_f32(uint8_t(i));
+    return key_.format == Format::mxfp8_e5m2 ? formats::e5m2_to_f32(uint8_t(i))
+                                             : formats::e4m3_to_f32(uint8_t(i));
   }
   // lo / hi hold the table indices; hi gains the sign bit of `sign` and the
   // pair is unpacked into dst[0], dst[1].

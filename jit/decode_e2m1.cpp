@@ -17,7 +17,7 @@ using namespace Xbyak::util;
 
 namespace {
 
-bool is_nvfp4(const KernelKey& key) { return key.format == int32_t(Format::nvfp4); }
+bool is_nvfp4(const KernelKey& key) { return key.format == Format::nvfp4; }
 
 class E2m1Decoder : public Decoder {
  public:

@@ -51,12 +51,11 @@ std::unique_ptr<Decoder> make_decoder(const KernelKey& key) {
   const bool bf16_tier = key.isa == Isa::avx512_bf16;
   // The byte tables need AVX512_VBMI; kFlagNoVbmi keeps the decodes without it.
   const bool tables = bf16_tier && !(key.flags & kFlagNoVbmi);
-  switch (static_cast<Format>(key.format)) {
+  switch (key.format) {
     case Format::bf16: return make_bf16_decoder(key);
     case Format::fp8_block:
     case Format::mxfp8_e4m3: {
-      auto rule =
-          key.format == int32_t(Format::fp8_block) ? make_block128_scale(key) : make_byte_code_scale(key);
+      auto rule = key.format == Format::fp8_block ? make_block128_scale(key) : make_byte_code_scale(key);
       if (tables) return make_fp8_table_decoder(key, std::move(rule));
       if (bf16_tier) return make_e4m3_blend_decoder(key, std::move(rule));
       return make_e4m3_fp16_decoder(key, std::move(rule));
@@ -74,7 +73,7 @@ std::unique_ptr<Decoder> make_decoder(const KernelKey& key) {
   }
 }
 
-std::string decode_path(Isa isa, int32_t format, uint32_t flags) {
+std::string decode_path(Isa isa, formats::Format format, uint32_t flags) {
   KernelKey key;
   key.isa = isa;
   key.format = format;
@@ -83,7 +82,7 @@ std::string decode_path(Isa isa, int32_t format, uint32_t flags) {
   return d ? d->describe() : std::string();
 }
 
-XPrep x_prep(Isa isa, int32_t format, uint32_t flags) {
+XPrep x_prep(Isa isa, formats::Format format, uint32_t flags) {
   KernelKey key;
   key.isa = isa;
   key.format = format;

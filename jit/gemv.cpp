@@ -12,7 +12,7 @@ namespace moejit::jit {
 
 namespace {
 
-KernelKey key_of(Isa isa, int32_t format, uint32_t flags) {
+KernelKey key_of(Isa isa, formats::Format format, uint32_t flags) {
   KernelKey key;
   key.isa = isa;
   key.format = format;
@@ -21,21 +21,23 @@ KernelKey key_of(Isa isa, int32_t format, uint32_t flags) {
 }
 
 // Whether some tier has a decoder for the format.
-bool format_has_decoder(int32_t format) { return make_decoder(key_of(Isa::avx512, format, 0)) != nullptr; }
+bool format_has_decoder(formats::Format format) {
+  return make_decoder(key_of(Isa::avx512, format, 0)) != nullptr;
+}
 
 }  // namespace
 
-bool needs_vbmi(Isa isa, int32_t format, uint32_t flags) {
+bool needs_vbmi(Isa isa, formats::Format format, uint32_t flags) {
   const auto dec = make_decoder(key_of(isa, format, flags));
   return dec && dec->needs_vbmi();
 }
 
-bool streams_with_prefetch(int32_t format) {
+bool streams_with_prefetch(formats::Format format) {
   const auto dec = make_decoder(key_of(Isa::avx512, format, 0));
   return !dec || dec->streams_with_prefetch();
 }
 
-uint32_t runtime_flags(Isa isa, int32_t format, int32_t /*group*/) {
+uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
   // Without AVX512_VBMI the avx512_bf16 tier decodes without byte tables.
   return needs_vbmi(isa, format, 0) && !host_features().avx512_vbmi ? kFlagNoVbmi : 0;
 }
@@ -45,7 +47,7 @@ int max_tokens_per_call(const KernelKey& key) {
   return dec ? row_body_max_tokens(key, *dec) : 0;
 }
 
-int max_tokens_per_call(Isa isa, int32_t format) {
+int max_tokens_per_call(Isa isa, formats::Format format) {
   // The smallest over the groups and flags a format may use.
   int m = 1 << 30;
   for (int32_t group : {16, 32, 64, 128})
@@ -58,8 +60,8 @@ int max_tokens_per_call(Isa isa, int32_t format) {
 }
 
 bool gemv_supported(const KernelKey& key, std::string* why) {
-  const auto f = static_cast<formats::Format>(key.format);
-  if (key.format < 0 || key.format > formats::kMaxFormatId || !format_has_decoder(key.format)) {
+  const auto f = key.format;
+  if (!formats::known_format(int32_t(key.format)) || !format_has_decoder(key.format)) {
     *why = std::string("no generated kernel for format ") + formats::format_name(f) + " yet";
     return false;
   }

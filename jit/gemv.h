@@ -39,16 +39,16 @@ constexpr uint32_t kFlagNoVbmi = 1;
 
 // Whether a kernel's decode uses AVX512_VBMI: the vpermi2b byte tables of
 // 8-bit formats, and the vpermt2b that gathers a q4_0 chunk's quants.
-bool needs_vbmi(Isa isa, int32_t format, uint32_t flags);
+bool needs_vbmi(Isa isa, formats::Format format, uint32_t flags);
 
 // Whether kernels of this format prefetch the weights of a call far ahead
 // (w_prefetch = a call ~kPrefetchBytes later, one prefetch per line) or the
 // next call (bf16: every line of it with several tokens, one line per KiB with
 // one token, where the hardware prefetchers do the rest). The decoder's fact.
-bool streams_with_prefetch(int32_t format);
+bool streams_with_prefetch(formats::Format format);
 
 // How the kernels of a format decode on a tier, in words (moejit-info).
-std::string decode_path(Isa isa, int32_t format, uint32_t flags);
+std::string decode_path(Isa isa, formats::Format format, uint32_t flags);
 
 // Each prefetch of a later call's line comes with a second one, of the line
 // kNearPrefetchBytes ahead of the cursor in this call's own stream (also into
@@ -64,13 +64,13 @@ inline constexpr int kNearPrefetchBytes = 6144;
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU
 // (kFlagNoVbmi where the byte tables cannot be used).
-uint32_t runtime_flags(Isa isa, int32_t format, int32_t group);
+uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group);
 
 // Largest tokens-per-call a generated kernel holds in registers: for the
 // kernel `key` describes (its tokens ignored), and the smallest over the groups
 // and flags a format may use on a tier.
 int max_tokens_per_call(const KernelKey& key);
-int max_tokens_per_call(Isa isa, int32_t format);
+int max_tokens_per_call(Isa isa, formats::Format format);
 
 // Generated code. Owns its executable memory (read+exec, never writable).
 class Kernel {

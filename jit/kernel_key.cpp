@@ -30,10 +30,10 @@ size_t KernelKey::hash() const {
 }
 
 std::string KernelKey::name() const {
-  const auto f = static_cast<formats::Format>(format);
+  const formats::Format f = format;
   std::string n = formats::format_name(f);
   n += "_k" + std::to_string(k) + "_r" + std::to_string(rows) + "_m" + std::to_string(tokens);
-  if (formats::known_format(format) && formats::has_block_scales(f)) {
+  if (formats::known_format(int32_t(f)) && formats::has_block_scales(f)) {
     const formats::FormatInfo& fi = formats::info(f);
     n += "_s" + std::to_string(scale_stride);
     if (fi.scale_code == formats::ScaleCode::bf16_f32) n += scale_dtype == 1 ? "_f32" : "_bf16";

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "formats/format_table.h"
 #include "jit/tiers.h"
 
 namespace moejit::jit {
@@ -13,7 +14,7 @@ namespace moejit::jit {
 const char* isa_name(Isa isa);
 
 struct KernelKey {
-  int32_t format = 0;        // formats::Format
+  formats::Format format = formats::Format::bf16;
   int32_t k = 0;             // reduction length
   int32_t rows = 0;          // rows per call
   int32_t tokens = 0;        // tokens per call (M)

@@ -92,7 +92,7 @@ class RowBody : public Generator {
         plan_(plan_of(shape_)),
         scaled_(shape_.scaled),
         xbytes_(int(xprep_.elem_bytes())),
-        row_bytes_(formats::row_bytes(static_cast<formats::Format>(key.format), key.k)),
+        row_bytes_(formats::row_bytes(key.format, key.k)),
         xstride_bytes_(xprep_.vector_bytes(key.k)),
         xblock_bytes_(xprep_.bytes(shape_.block)),
         fma_f32_(xbytes_ == 4),

@@ -94,7 +94,7 @@ class ByteCodeScale : public ScaleRule {
   void emit_data() override {
     Generator& g = a();
     g.L(l_table_);
-    const bool e4m3 = key_.format == int32_t(Format::nvfp4);
+    const bool e4m3 = key_.format == Format::nvfp4;
     for (int i = 0; i < 256; ++i)
       g.df32(e4m3 ? formats::e4m3_to_f32(uint8_t(i)) : formats::e8m0_to_f32(uint8_t(i)));
   }
@@ -123,7 +123,7 @@ class GgufScale : public ScaleRule {
 }  // namespace
 
 bool check_byte_groups(const KernelKey& key, std::string* why) {
-  const Format f = static_cast<Format>(key.format);
+  const Format f = key.format;
   if (f == Format::mxfp4 && key.group != 32) {
     *why = "mxfp4 groups are 32";
     return false;

@@ -109,8 +109,8 @@ class XPrep {
 // The layout of the kernels of `format` on `isa` with KernelKey::flags `flags`:
 // the choice of the format's decoder (jit/decoders.cpp). The scalar tier reads
 // fp32 in natural order.
-XPrep x_prep(Isa isa, int32_t format, uint32_t flags);
-inline XLayout x_layout(Isa isa, int32_t format, uint32_t flags) {
+XPrep x_prep(Isa isa, formats::Format format, uint32_t flags);
+inline XLayout x_layout(Isa isa, formats::Format format, uint32_t flags) {
   return x_prep(isa, format, flags).layout();
 }
 

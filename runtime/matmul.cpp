@@ -12,7 +12,7 @@ moejit_status Matmul::init(const plan::MatrixPlan& p, std::string* err) {
   isa_ = p.isa;
   layout_ = p.layout;
   flags_ = p.flags;
-  xprep_ = isa_ == jit::Isa::scalar ? jit::XPrep() : jit::x_prep(isa_, int32_t(layout_.format), flags_);
+  xprep_ = isa_ == jit::Isa::scalar ? jit::XPrep() : jit::x_prep(isa_, layout_.format, flags_);
   max_seg_ = p.max_call_rows();
   max_m_ = p.tokens_per_call;
   if (isa_ == jit::Isa::scalar) return MOEJIT_OK;

@@ -10,7 +10,7 @@ using formats::Format;
 
 jit::KernelKey MatrixPlan::key(int32_t rows, int32_t tokens) const {
   jit::KernelKey k;
-  k.format = decltype(k.format)(layout.format);
+  k.format = layout.format;
   k.k = int32_t(layout.k);
   k.rows = rows;
   k.tokens = tokens;
@@ -42,7 +42,7 @@ int64_t MatrixPlan::matrix_bytes() const {
   return b;
 }
 
-bool MatrixPlan::far_prefetch() const { return jit::streams_with_prefetch(int32_t(layout.format)); }
+bool MatrixPlan::far_prefetch() const { return jit::streams_with_prefetch(layout.format); }
 
 MatrixPlan matrix_plan(const Target& t, const ProjFormat& f, int64_t rows, int64_t k, int64_t scale_stride) {
   MatrixPlan m;
@@ -59,8 +59,8 @@ MatrixPlan matrix_plan(const Target& t, const ProjFormat& f, int64_t rows, int64
   // it has no kernels of its own (avx512_amx).
   m.isa = jit::kernel_isa(t.isa);
   // kFlagNoVbmi where the CPU lacks AVX512_VBMI, or where asked to.
-  m.flags = jit::runtime_flags(m.isa, int32_t(l.format), l.group);
-  if (t.no_vbmi && jit::needs_vbmi(m.isa, int32_t(l.format), 0)) m.flags |= jit::kFlagNoVbmi;
+  m.flags = jit::runtime_flags(m.isa, l.format, l.group);
+  if (t.no_vbmi && jit::needs_vbmi(m.isa, l.format, 0)) m.flags |= jit::kFlagNoVbmi;
   return m;
 }
 

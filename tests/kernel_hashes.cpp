@@ -72,7 +72,7 @@ std::vector<jit::KernelKey> all_keys() {
               for (int64_t stride : strides)
                 for (int rows : rows_list) {
                   jit::KernelKey key;
-                  key.format = int32_t(f);
+                  key.format = f;
                   key.k = k;
                   key.rows = rows;
                   key.scale_stride = stride;

@@ -39,7 +39,7 @@ const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
 
 bool variant_available(const Variant& v, Format f) {
   if (!jit::isa_available(v.isa)) return false;
-  if (jit::needs_vbmi(v.isa, int32_t(f), v.flags)) return jit::host_features().avx512_vbmi;
+  if (jit::needs_vbmi(v.isa, f, v.flags)) return jit::host_features().avx512_vbmi;
   return true;
 }
 
@@ -144,7 +144,7 @@ jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k, int r
     key.group = f == Format::nvfp4 ? 16 : group;
     key.scale_stride = stride;
   }
-  key.format = int32_t(f);
+  key.format = f;
   key.k = k;
   key.rows = rows;
   key.tokens = tokens;
@@ -190,7 +190,7 @@ TEST_P(GemvKernels, MatchFloat64Reference) {
       for (int k : {1, 5, 17, 31, 33, 63, 64, 65, 127, 128, 129, 200, 384, 1000}) {
         for (int rows : {1, 3, 8, 13, 16}) {
           for (int tokens : {1, 2, 3, 5}) {
-            if (tokens > jit::max_tokens_per_call(v.isa, int32_t(f))) continue;
+            if (tokens > jit::max_tokens_per_call(v.isa, f)) continue;
             const jit::KernelKey key = make_key(v, f, sdt, k, rows, tokens);
             std::string err;
             auto kern = jit::global_cache().get(key, &err);
@@ -253,7 +253,7 @@ TEST_P(GemvKernels, Mxfp8MatchFloat64Reference) {
       for (int k : {group, 3 * group, 2880 / group * group}) {
         for (int rows : {1, 5, 16}) {
           for (int tokens : {1, 3}) {
-            if (tokens > jit::max_tokens_per_call(v.isa, int32_t(f))) continue;
+            if (tokens > jit::max_tokens_per_call(v.isa, f)) continue;
             Bank b = make_bank(f, ScaleDtype::bf16, rows, k, rng, group);
             const jit::KernelKey key =
                 make_key(v, f, ScaleDtype::bf16, k, rows, tokens, group, b.layout.scale_stride);
@@ -278,7 +278,7 @@ TEST_P(GemvKernels, Nvfp4MatchFloat64Reference) {
   moejit_test::Rng rng(7);
   for (int k : {16, 32, 48, 144, 2880, 2896}) {
     for (int rows : {1, 5, 16}) {
-      for (int tokens = 1; tokens <= jit::max_tokens_per_call(v.isa, int32_t(Format::nvfp4)); ++tokens) {
+      for (int tokens = 1; tokens <= jit::max_tokens_per_call(v.isa, Format::nvfp4); ++tokens) {
         Bank b = make_bank(Format::nvfp4, ScaleDtype::bf16, rows, k, rng, 16);
         const jit::KernelKey key =
             make_key(v, Format::nvfp4, ScaleDtype::bf16, k, rows, tokens, 16, b.layout.scale_stride);
@@ -393,7 +393,7 @@ TEST_P(GemvKernels, GgufMatchFloat64Reference) {
     for (int k : {32, 96, 2880}) {
       for (int rows : {1, 7, 16}) {
         for (int tokens : {1, 2, 4}) {
-          if (tokens > jit::max_tokens_per_call(v.isa, int32_t(f))) continue;
+          if (tokens > jit::max_tokens_per_call(v.isa, f)) continue;
           Bank b = make_bank(f, ScaleDtype::bf16, rows, k, rng, 32);
           jit::KernelKey key = make_key(v, f, ScaleDtype::bf16, k, rows, tokens);
           key.group = 32;
@@ -613,7 +613,7 @@ TEST(Decoders, LoadWidenIntoAnyRegistersAndRows) {
 
 TEST(KernelKey, NameHashEquality) {
   jit::KernelKey a;
-  a.format = int32_t(Format::fp8_block);
+  a.format = Format::fp8_block;
   a.k = 2048;
   a.rows = 16;
   a.tokens = 4;
@@ -635,7 +635,7 @@ TEST(KernelCache, SharesAndReleases) {
   if (!jit::isa_available(jit::Isa::avx2)) GTEST_SKIP() << "this CPU lacks avx2";
   jit::KernelCache cache;
   jit::KernelKey key;
-  key.format = int32_t(Format::bf16);
+  key.format = Format::bf16;
   key.k = 96;
   key.rows = 4;
   key.tokens = 1;
@@ -664,7 +664,7 @@ TEST(KernelCache, SharesAndReleases) {
 TEST(KernelCache, RejectsTiersTheCpuLacks) {
   for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16}) {
     jit::KernelKey key;
-    key.format = int32_t(Format::bf16);
+    key.format = Format::bf16;
     key.k = 64;
     key.rows = 1;
     key.tokens = 1;
@@ -688,7 +688,7 @@ TEST(CodeMemory, NeverWritableAndExecutable) {
         const char* bad = nullptr;
         if (!fmt::k_is_valid(f, group, k, &bad)) continue;
         jit::KernelKey key = make_key(v, f, ScaleDtype::bf16, k, 16, 1, group);
-        key.tokens = jit::max_tokens_per_call(v.isa, int32_t(f));
+        key.tokens = jit::max_tokens_per_call(v.isa, f);
         std::string why;
         if (!jit::gemv_supported(key, &why) && why.find("no generated kernel") != std::string::npos) continue;
         auto kern = jit::global_cache().get(key, &why);

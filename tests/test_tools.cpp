@@ -280,14 +280,13 @@ TEST_P(TierListing, UsesTheTiersInstructions) {
   if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis: no listings";
   if (!jit::isa_available(c.isa)) GTEST_SKIP() << "this CPU lacks tier " << jit::isa_name(c.isa);
   if (c.isa == jit::Isa::avx512_bf16 && !c.no_vbmi && !jit::host_features().avx512_vbmi &&
-      jit::needs_vbmi(c.isa, int32_t(c.format), 0))
+      jit::needs_vbmi(c.isa, c.format, 0))
     GTEST_SKIP() << "this CPU lacks AVX512_VBMI for the byte-table decodes";
   // K with a tail where the format allows any K; block formats need multiples of 32.
   const bool any_k = c.format == Format::bf16 || c.format == Format::fp8_block;
   const jit::KernelKey key = runtime_key(c.format, any_k ? 1000 : 1024, c.isa, 5, 2, c.no_vbmi);
   ASSERT_EQ(key.isa, c.isa);
-  ASSERT_EQ(key.flags,
-            jit::runtime_flags(c.isa, int32_t(c.format), key.group) | (c.no_vbmi ? jit::kFlagNoVbmi : 0u));
+  ASSERT_EQ(key.flags, jit::runtime_flags(c.isa, c.format, key.group) | (c.no_vbmi ? jit::kFlagNoVbmi : 0u));
   std::string err;
   auto k = jit::global_cache().get(key, &err);
   ASSERT_TRUE(k) << key.name() << ": " << err;

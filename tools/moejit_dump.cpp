@@ -83,7 +83,7 @@ void check_scalar(Isa isa) {
 void check_no_vbmi(bool no_vbmi, std::initializer_list<Format> formats, Isa isa) {
   if (!no_vbmi) return;
   for (Format f : formats)
-    if (moejit::jit::needs_vbmi(isa, int32_t(moejit::formats::kernel_format(f)), 0)) return;
+    if (moejit::jit::needs_vbmi(isa, moejit::formats::kernel_format(f), 0)) return;
   fail(2, "--no-vbmi applies only to 8-bit formats and q4_0 on avx512_bf16");
 }
 

@@ -160,7 +160,7 @@ std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) 
   namespace J = moejit::jit;
   const J::Isa tier = J::Isa(int(isa)), kernels = J::kernel_isa(tier);
   const uint32_t flags = kernels == J::Isa::avx512_bf16 && !vbmi ? J::kFlagNoVbmi : 0;
-  const std::string path = J::decode_path(kernels, int32_t(moejit::formats::kernel_format(f)), flags);
+  const std::string path = J::decode_path(kernels, moejit::formats::kernel_format(f), flags);
   // A tier without kernels of its own for the format runs its vector tier's.
   return kernels == tier ? path : std::string(J::isa_name(kernels)) + " kernels: " + path;
 }
