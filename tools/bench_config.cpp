@@ -7,6 +7,7 @@
 
 #include "bench_peer.h"
 #include "bench_util.h"
+#include "formats/format_table.h"
 
 namespace moejit_bench {
 
@@ -338,9 +339,10 @@ std::string repro(const Config& c, moejit_format f, int32_t tokens, int32_t thre
   if (g.interleaved) s += " --gate-up interleaved";
   if (g.separate) s += " --layout separate";
   if (g.bias) s += " --bias";
-  const bool mx8 = f == MOEJIT_FORMAT_MXFP8_E4M3 || f == MOEJIT_FORMAT_MXFP8_E5M2;
-  if (mx8 && g.group_size) s += " --group-size " + std::to_string(g.group_size);
-  if (f == MOEJIT_FORMAT_FP8_BLOCK && g.scale_dtype == MOEJIT_DTYPE_F32) s += " --scale-dtype f32";
+  const moejit::formats::FormatInfo& fi = moejit::formats::info(moejit::formats::Format(f));
+  if (fi.api_groups && g.group_size) s += " --group-size " + std::to_string(g.group_size);
+  if (fi.scale_code == moejit::formats::ScaleCode::bf16_f32 && g.scale_dtype == MOEJIT_DTYPE_F32)
+    s += " --scale-dtype f32";
   if (g.output_dtype == MOEJIT_DTYPE_F32) s += " --output-dtype f32";
   if (isa != MOEJIT_ISA_AUTO) s += std::string(" --isa ") + moejit_isa_name(isa);
   if (c.dedup != DedupMode::on) s += std::string(" --dedup ") + dedup_label(c.dedup);

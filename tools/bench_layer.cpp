@@ -17,13 +17,12 @@ namespace {
 fmt::Format to_fmt(moejit_format f) { return static_cast<fmt::Format>(f); }
 
 fmt::ScaleDtype scale_dtype_of(moejit_format f, const Geometry& g) {
-  return f == MOEJIT_FORMAT_FP8_BLOCK && g.scale_dtype == MOEJIT_DTYPE_F32 ? fmt::ScaleDtype::f32
-                                                                           : fmt::ScaleDtype::bf16;
+  const bool choice = fmt::info(to_fmt(f)).scale_code == fmt::ScaleCode::bf16_f32;  // fp8_block
+  return choice && g.scale_dtype == MOEJIT_DTYPE_F32 ? fmt::ScaleDtype::f32 : fmt::ScaleDtype::bf16;
 }
 
 int32_t group_of(moejit_format f, const Geometry& g) {
-  const bool mx8 = f == MOEJIT_FORMAT_MXFP8_E4M3 || f == MOEJIT_FORMAT_MXFP8_E5M2;
-  return fmt::default_group(to_fmt(f), mx8 ? g.group_size : 0);
+  return fmt::default_group(to_fmt(f), g.group_size);  // the group_size applies where the format lets it
 }
 
 // ---- word shapers: a random 64-bit word -> 8 valid encoded bytes ----
@@ -159,8 +158,9 @@ MatrixBank::MatrixBank(moejit_format f, const Geometry& g, int64_t rows, int64_t
   stored = std::clamp(stored, 1, count);
   data_ = Buffer(size_t(bytes_.data * stored));
   fill_words(data_.data(), data_.size(), seed, data_shaper(f));
-  if (f == MOEJIT_FORMAT_Q4_0) patch_gguf_scales(data_.data(), int64_t(data_.size()), 18, seed + 7);
-  if (f == MOEJIT_FORMAT_Q8_0) patch_gguf_scales(data_.data(), int64_t(data_.size()), 34, seed + 7);
+  const fmt::FormatInfo& fi = fmt::info(to_fmt(f));
+  if (fi.scales == fmt::ScaleKind::inline_fp16)  // GGUF blocks: a finite d at the start of each
+    patch_gguf_scales(data_.data(), int64_t(data_.size()), fi.block_bytes, seed + 7);
   if (bytes_.scales > 0) {
     scales_ = Buffer(size_t(bytes_.scales * stored));
     fill_words(scales_.data(), scales_.size(), seed + 13, scale_shaper(f, scale_dtype_of(f, g)));
@@ -240,9 +240,9 @@ moejit_moe_desc Layer::desc(int32_t max_tokens) const {
   moejit_moe_desc d{};
   d.struct_size = sizeof(d);
   d.format = format_;
-  d.scale_dtype = format_ == MOEJIT_FORMAT_FP8_BLOCK ? geometry_.scale_dtype : MOEJIT_DTYPE_BF16;
-  const bool mx8 = format_ == MOEJIT_FORMAT_MXFP8_E4M3 || format_ == MOEJIT_FORMAT_MXFP8_E5M2;
-  d.group_size = mx8 ? geometry_.group_size : 0;
+  const fmt::FormatInfo& fi = fmt::info(to_fmt(format_));
+  d.scale_dtype = fi.scale_code == fmt::ScaleCode::bf16_f32 ? geometry_.scale_dtype : MOEJIT_DTYPE_BF16;
+  d.group_size = fi.api_groups ? geometry_.group_size : 0;
   d.hidden = geometry_.hidden;
   d.intermediate = geometry_.intermediate;
   d.num_experts = slots_;

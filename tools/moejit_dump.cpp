@@ -172,7 +172,7 @@ bool layer_valid(const Args& a, const plan::MoeShape& l, std::string* why) {
     *why = "max-tokens times top-k is too large";
     return false;
   }
-  const auto ds = [](const plan::ProjFormat& p) { return p.format == Format::ds_fp4; };
+  const auto ds = [](const plan::ProjFormat& p) { return moejit::formats::info(p.format).ds_numerics; };
   if (ds(l.gate) != ds(l.up) || ds(l.gate) != ds(l.down)) {
     *why = "ds_fp4's activation numerics apply to the whole layer: every projection is ds_fp4 or none is";
     return false;
