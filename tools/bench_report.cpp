@@ -292,7 +292,7 @@ bool parse_activation(const std::string& name, moejit_activation* out) {
 }
 
 bool parse_isa(const std::string& name, moejit_isa* out) {
-  for (int i = MOEJIT_ISA_AUTO; i <= MOEJIT_ISA_AVX512_BF16; ++i)
+  for (int i = MOEJIT_ISA_AUTO; i <= MOEJIT_ISA_AVX512_AMX; ++i)
     if (name == moejit_isa_name(moejit_isa(i))) return *out = moejit_isa(i), true;
   return false;
 }
