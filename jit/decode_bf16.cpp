@@ -12,12 +12,14 @@ namespace {
 class Bf16Decoder : public Decoder {
  public:
   explicit Bf16Decoder(const KernelKey& key)
-      : Decoder(key, key.isa == Isa::avx512_bf16 ? XLayout::bf16 : XLayout::f32, 1, nullptr) {}
+      : Decoder(key, bf16_pairs(key.isa) ? XLayout::bf16 : XLayout::f32, 1, nullptr) {}
   // The hardware prefetchers stream bf16 rows best (see the row body).
   bool streams_with_prefetch() const override { return false; }
   std::string describe() const override {
+    if (key_.isa == Isa::avx512_amx) return "tileloadd from the weights (tails via a tile buffer), tdpbf16ps";
     return key_.isa == Isa::avx512_bf16 ? "vdpbf16ps" : Decoder::describe();
   }
+  bool tile_direct() const override { return true; }
   int block_bytes() const override { return shape_.block * 2; }
   int elem_byte(int off) const override { return off * 2; }
 
@@ -47,6 +49,7 @@ class Bf16Decoder : public Decoder {
         g.vpslld(dst[0], dst[0], 16);
         break;
       case Isa::avx512_bf16:
+      case Isa::avx512_amx:
         if (partial)
           g.vmovdqu16(dst[0] | r_.tail | T_z, src);
         else

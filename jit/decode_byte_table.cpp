@@ -17,9 +17,9 @@ namespace {
 class ByteTableDecoder : public Decoder {
  public:
   ByteTableDecoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule)
-      : Decoder(key, XLayout::bf16_perm64, 2, std::move(rule)) {}
+      : Decoder(key, natural(key) ? XLayout::bf16 : XLayout::bf16_perm64, 2, std::move(rule)) {}
   bool needs_vbmi() const override { return true; }
-  std::string describe() const override { return "byte tables -> bf16 (vpermi2b), vdpbf16ps"; }
+  std::string describe() const override { return "byte tables -> bf16 (vpermi2b), " + multiply(); }
   void emit_decode_constants() override {
     Generator& g = a();
     // bf16 low and high bytes of magnitudes 0..127, and the sign mask.
@@ -35,9 +35,18 @@ class ByteTableDecoder : public Decoder {
         const uint16_t b = formats::f32_to_bf16(magnitude(i));  // exact: 8-bit values fit bf16
         g.db(half == 0 ? (b & 0xFF) : (b >> 8));
       }
+    if (!natural(key_)) return;
+    // vpermi2b indices of the natural-order words: word i of vector v is
+    // (low byte lo[32 v + i], high byte hi[32 v + i]); index bit 6 picks hi.
+    g.L(l_words_);
+    for (int v = 0; v < 2; ++v)
+      for (int j = 0; j < 64; ++j) g.db(uint8_t(32 * v + j / 2 + (j % 2 ? 64 : 0)));
   }
 
  protected:
+  // Natural order inside each vector (the tile body's): each vector is one chunk of 32.
+  static bool natural(const KernelKey& key) { return key.isa == Isa::avx512_amx; }
+  std::string multiply() const { return natural(key_) ? "tile buffer, tdpbf16ps" : "vdpbf16ps"; }
   // The value of table entry i (a code's magnitude bits).
   virtual float magnitude(int i) const {
     return key_.format == Format::mxfp8_e5m2 ? formats::e5m2_to_f32(uint8_t(i))
@@ -53,12 +62,19 @@ class ByteTableDecoder : public Decoder {
     else
       g.vpermi2b(hi, Zmm(r_.c[2].getIdx()), Zmm(r_.c[3].getIdx()));
     g.vpternlogd(hi, sign, Zmm(r_.c[4].getIdx()), 0xF8);  // hi | (sign & 0x80)
+    if (natural(key_)) {  // as many shuffles as the unpacks; the indices come from memory
+      for (int v = 0; v < 2; ++v) {
+        g.vmovdqu8(Zmm(dst[v].getIdx()), ptr[rip + l_words_ + 64 * v]);
+        g.vpermi2b(Zmm(dst[v].getIdx()), lo, hi);
+      }
+      return;
+    }
     g.vpunpcklbw(Zmm(dst[0].getIdx()), lo, hi);
     g.vpunpckhbw(Zmm(dst[1].getIdx()), lo, hi);
   }
 
  private:
-  Label l_lut_;
+  Label l_lut_, l_words_;
 };
 
 // 64 e4m3 or e5m2 bytes: one load and two register copies. Reading the bytes
@@ -91,7 +107,7 @@ class Fp8TableDecoder : public ByteTableDecoder {
 class Q8TableDecoder : public ByteTableDecoder {
  public:
   explicit Q8TableDecoder(const KernelKey& key);
-  std::string describe() const override { return "|q| byte tables -> bf16 (vpermi2b), vdpbf16ps"; }
+  std::string describe() const override { return "|q| byte tables -> bf16 (vpermi2b), " + multiply(); }
   int block_bytes() const override { return kQ8BlockBytes * shape_.block / 32; }
   int elem_byte(int off) const override { return q8_elem_byte(off); }
   void load_widen(const Cursor& w, int off, int cnt, const Xmm* dst) override {
@@ -130,6 +146,27 @@ class Q8PairScale : public ScaleRule {
     }
     g.vcvtph2ps(Zmm(r_.scale.getIdx()), Ymm(r_.scale.getIdx()));
     fma_tokens(b, r_.scale);
+  }
+
+  // Tile bodies: each row's d widened (vcvtph2ps from memory, no shuffle) to
+  // a stack slot, read back as the FMA's broadcast operand.
+  bool tile_ready() const override { return true; }
+  int stack_bytes() const override { return key_.isa == Isa::avx512_amx ? 64 : 0; }
+  void prologue() override {
+    if (stack_bytes() > 0) a().sub(rsp, stack_bytes());
+  }
+  void tile_apply(const TileScaleBlock& b) override {
+    Generator& g = a();
+    const Xmm d = Xmm(r_.t[0].getIdx());
+    const Zmm c = Zmm(r_.scale.getIdx());
+    for (int r = 0; r < b.rows; ++r) {
+      g.vcvtph2ps(d, ptr[b.w.at(r * b.row_bytes)]);  // d and 3 quant pairs; lane 0 is d
+      g.vmovss(ptr[rsp + 4 * r], d);
+    }
+    for (int r = 0; r < b.rows; ++r) {
+      g.vmovups(c, ptr[b.c.at(64 * r)]);
+      g.vfmadd231ps(b.totals[size_t(r)], c, ptr_b[rsp + 4 * r]);
+    }
   }
 };
 

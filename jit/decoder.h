@@ -73,6 +73,18 @@ struct ScaleBlock {
   bool after_widen = true;
 };
 
+// One group of scales for ScaleRule::tile_apply (tile bodies): the group's
+// products of `rows` rows, one stored C tile row of fp32 per weight row (lanes
+// = tokens), gain each row's scale into that row's total.
+struct TileScaleBlock {
+  Cursor c;                            // C tile rows: row r at c.at(64 r)
+  Cursor w;                            // weights of the group in the first row (GGUF: d inline)
+  Cursor s;                            // the group's scales at the scale cursor of the first row
+  int64_t row_bytes = 0;               // weight bytes between rows
+  int rows = 0;                        // rows of the block (16, fewer in the last)
+  std::span<const Xbyak::Xmm> totals;  // per row: the running total (lanes = tokens)
+};
+
 // State shared by a decoder and its scale rule: the key, the shape and, once
 // bound, the generator and the lent registers.
 class DecodePart {
@@ -131,6 +143,15 @@ class ScaleRule : public DecodePart {
   // ---- per block ----
   virtual void apply(const ScaleBlock& b) = 0;
 
+  // ---- tile bodies (jit/tile_body.cpp): 16 rows at a time ----
+  // Whether the rule has a tile form; a tile body then calls begin_row() and
+  // next_rows(n) around each block of n rows and tile_apply() per group.
+  virtual bool tile_ready() const { return false; }
+  virtual void next_rows(int n) {
+    for (int i = 0; i < n; ++i) next_row();
+  }
+  virtual void tile_apply(const TileScaleBlock& /*b*/) {}
+
  protected:
   friend class Decoder;  // gives the rule its shape and binds it with the decode
   explicit ScaleRule(const KernelKey& key) : DecodePart(key) {}
@@ -162,6 +183,9 @@ class Decoder : public DecodePart {
   ScaleRule* scale() const { return rule_.get(); }  // null when unscaled
   // The decode path in words (moejit-info).
   virtual std::string describe() const { return "widened to fp32, vfmadd231ps"; }
+  // Tile bodies: whether the weights as they lie are the A tiles (bf16: no
+  // decode, tileloadd from the weights; tails still go through load_widen).
+  virtual bool tile_direct() const { return false; }
 
   // ---- geometry of the weight bytes ----
   virtual int block_bytes() const = 0;       // weight bytes of one block

@@ -46,7 +46,27 @@ void emit_nibble_words(Generator& a, const Xmm* dst, const Xmm& table) {
   for (int j = 0; j < 4; ++j) a.vpermw(Zmm(dst[j].getIdx()), Zmm(dst[j].getIdx()), Zmm(table.getIdx()));
 }
 
+namespace {
+
+// avx512_amx: the decodes whose vectors each hold one chunk of 32 elements of
+// one scale group, in the order the tile body's activations take (natural).
+// Formats without one run the avx512_bf16 kernels on that tier (kernel_isa).
+std::unique_ptr<Decoder> make_tile_decoder(const KernelKey& key) {
+  if (key.flags & kFlagNoVbmi) return key.format == Format::bf16 ? make_bf16_decoder(key) : nullptr;
+  switch (key.format) {
+    case Format::bf16: return make_bf16_decoder(key);
+    case Format::fp8_block: return make_fp8_table_decoder(key, make_block128_scale(key));
+    case Format::mxfp8_e4m3:
+    case Format::mxfp8_e5m2: return make_fp8_table_decoder(key, make_byte_code_scale(key));
+    case Format::q8_0: return make_q8_table_decoder(key);
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<Decoder> make_decoder(const KernelKey& key) {
+  if (key.isa == Isa::avx512_amx) return make_tile_decoder(key);
   if (key.isa != Isa::avx2 && key.isa != Isa::avx512 && key.isa != Isa::avx512_bf16) return nullptr;
   const bool bf16_tier = key.isa == Isa::avx512_bf16;
   // The byte tables need AVX512_VBMI; kFlagNoVbmi keeps the decodes without it.
@@ -71,6 +91,16 @@ std::unique_ptr<Decoder> make_decoder(const KernelKey& key) {
       return make_e2m1_f32_decoder(key, make_byte_code_scale(key));
     default: return nullptr;
   }
+}
+
+Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags) {
+  if (tier != Isa::avx512_amx) return kernel_isa(tier);
+  KernelKey key;
+  key.isa = tier;
+  key.format = format;
+  key.group = group;
+  key.flags = flags;
+  return make_tile_decoder(key) ? tier : kernel_isa(tier);
 }
 
 std::string decode_path(Isa isa, formats::Format format, uint32_t flags) {

@@ -18,6 +18,10 @@ inline const Xbyak::Opmask k_sub = Xbyak::util::k2;
 inline const Xbyak::Opmask k_grp2 = Xbyak::util::k3;
 constexpr uint32_t kGroup2Lanes = 0xFF00;
 
+// Tiers whose decodes widen to bf16 pairs: avx512_bf16 (vdpbf16ps) and
+// avx512_amx (the tile body's buffer of bf16 rows, tdpbf16ps).
+inline bool bf16_pairs(Isa isa) { return isa == Isa::avx512_bf16 || isa == Isa::avx512_amx; }
+
 // ---- element decode families ----
 std::unique_ptr<Decoder> make_bf16_decoder(const KernelKey& key);
 // 8-bit floats widened without byte tables: e4m3 through the fp16 trick
@@ -27,7 +31,9 @@ std::unique_ptr<Decoder> make_e4m3_fp16_decoder(const KernelKey& key, std::uniqu
 std::unique_ptr<Decoder> make_e5m2_fp16_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule);
 std::unique_ptr<Decoder> make_e4m3_blend_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule);
 // 8-bit byte tables to bf16 (avx512_bf16 with VBMI): e4m3 and e5m2, and q8_0
-// (with its two-block d rule).
+// (with its two-block d rule). On avx512_amx the words come out in natural
+// order (vpermi2b instead of vpunpck{l,h}bw), so each vector is one chunk of
+// 32 elements: one scale group of 32 (mxfp8, q8_0) per tile.
 std::unique_ptr<Decoder> make_fp8_table_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule);
 std::unique_ptr<Decoder> make_q8_table_decoder(const KernelKey& key);
 // e2m1 (mxfp4, nvfp4): fp32 evens and odds (avx2, avx512), or 128 at a time to

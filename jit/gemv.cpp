@@ -7,6 +7,7 @@
 #include "formats/formats.h"
 #include "jit/cpu.h"
 #include "jit/row_body.h"
+#include "jit/tile_body.h"
 
 namespace moejit::jit {
 
@@ -44,7 +45,8 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
 
 int max_tokens_per_call(const KernelKey& key) {
   const auto dec = make_decoder(key);
-  return dec ? row_body_max_tokens(key, *dec) : 0;
+  if (!dec) return 0;
+  return tile_body_has_tier(key.isa) ? kTileTokens : row_body_max_tokens(key, *dec);
 }
 
 int max_tokens_per_call(Isa isa, formats::Format format) {
@@ -54,9 +56,10 @@ int max_tokens_per_call(Isa isa, formats::Format format) {
     for (uint32_t flags : {0u, kFlagNoVbmi}) {
       KernelKey k = key_of(isa, format, flags);
       k.group = group;
-      m = std::min(m, max_tokens_per_call(k));
+      const int t = max_tokens_per_call(k);
+      if (t > 0) m = std::min(m, t);  // 0: no kernel with these flags or group (the tile tier)
     }
-  return m;
+  return m == 1 << 30 ? 0 : m;
 }
 
 bool gemv_supported(const KernelKey& key, std::string* why) {
@@ -65,7 +68,7 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = std::string("no generated kernel for format ") + formats::format_name(f) + " yet";
     return false;
   }
-  if (!row_body_has_tier(key.isa)) {
+  if (!row_body_has_tier(key.isa) && !tile_body_has_tier(key.isa)) {
     *why = std::string("no generator for tier ") + isa_name(key.isa);
     return false;
   }
@@ -78,12 +81,21 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     return false;
   }
   const auto dec = make_decoder(key);
-  if (key.tokens > row_body_max_tokens(key, *dec)) {
+  if (!dec) {
+    *why = std::string("no ") + isa_name(key.isa) + " kernel for format " + formats::format_name(f) +
+           " (its tier runs the " + isa_name(kernel_isa(key.isa)) + " kernels)";
+    return false;
+  }
+  if (key.tokens > max_tokens_per_call(key)) {
     *why = "tokens per call exceeds the register budget of " + std::string(isa_name(key.isa));
     return false;
   }
-  // Token offsets are 32-bit displacements.
-  const int64_t span = formats::row_bytes(f, key.k) + x_stride(key.k) * 4 * key.tokens;
+  // Token and row offsets are 32-bit displacements (a tile block's 16 rows; a
+  // 16-token block of x is 32 bytes per element).
+  const int64_t rows_read = tile_body_has_tier(key.isa) ? 16 : 1;
+  const int64_t x_span =
+      tile_body_has_tier(key.isa) ? x_stride(key.k) * 32 : x_stride(key.k) * 4 * key.tokens;
+  const int64_t span = formats::row_bytes(f, key.k) * rows_read + x_span;
   if (span > (int64_t(1) << 30)) {
     *why = "k is too large for 32-bit displacements";
     return false;
@@ -102,6 +114,7 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
 std::shared_ptr<const Kernel> generate_gemv(const KernelKey& key, std::string* err) {
   if (!gemv_supported(key, err)) return nullptr;
   Xbyak::ClearError();
+  if (tile_body_has_tier(key.isa)) return generate_tile_kernel(key, make_decoder(key), err);
   return generate_row_kernel(key, make_decoder(key), err);
 }
 

@@ -62,6 +62,13 @@ std::string decode_path(Isa isa, formats::Format format, uint32_t flags);
 // that never faults.
 inline constexpr int kNearPrefetchBytes = 6144;
 
+// The tier whose kernels a context of tier `tier` runs for a format (group:
+// the kernel key's; flags: kFlagNoVbmi where asked for): avx512_amx for the
+// formats with a tile decode (jit/decoders.cpp), its vector tier avx512_bf16
+// for the others; every other tier runs its own (tiers.h, kernel_isa(tier)).
+// Batch invariance needs one choice per format and shape, never per token count.
+Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags = 0);
+
 // Flags the runtime uses for a kernel of this tier and format on this CPU
 // (kFlagNoVbmi where the byte tables cannot be used).
 uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group);

@@ -49,6 +49,13 @@ class Block128Scale : public ScaleRule {
   }
   Reg64 row_cursor() const override { return rsp; }  // every row reads the call's fp32 scales
   int block_bytes() const override { return 4; }
+  // Tile bodies: one scale for the 16 rows.
+  bool tile_ready() const override { return true; }
+  void tile_apply(const TileScaleBlock& b) override {
+    Generator& g = a();
+    g.vbroadcastss(r_.scale, ptr[b.s.at()]);
+    for (int r = 0; r < b.rows; ++r) g.vfmadd231ps(b.totals[size_t(r)], r_.scale, ptr[b.c.at(64 * r)]);
+  }
   void apply(const ScaleBlock& b) override {
     // an embedded broadcast on AVX-512, one load otherwise
     if (zmm()) {
@@ -79,6 +86,17 @@ class ByteCodeScale : public ScaleRule {
   }
   void next_row() override { a().add(r_.scale_row, key_.scale_stride); }
   int block_bytes() const override { return shape_.groups; }
+  // Tile bodies: each row's code through the table.
+  bool tile_ready() const override { return true; }
+  void next_rows(int n) override { a().add(r_.scale_row, n * key_.scale_stride); }
+  void tile_apply(const TileScaleBlock& b) override {
+    Generator& g = a();
+    for (int r = 0; r < b.rows; ++r) {
+      g.movzx(r_.tmp.cvt32(), byte[b.s.at(r * key_.scale_stride)]);
+      g.vbroadcastss(r_.scale, ptr[r_.aux + r_.tmp * 4]);
+      g.vfmadd231ps(b.totals[size_t(r)], r_.scale, ptr[b.c.at(64 * r)]);
+    }
+  }
   // Two scales on the lanes of a two-group block; a tail block holding only
   // the first group reads one.
   void apply(const ScaleBlock& b) override {

@@ -50,9 +50,10 @@ const TierInfo* tier_info(Isa isa);
 const TierInfo* tier_from_name(const char* name);
 // "scalar, avx2, avx512, avx512_bf16, avx512_amx": the names, for messages.
 std::string tier_names();
-// The tier whose kernels a context of tier `tier` runs (the isa of its kernel
-// keys): the tier itself, or its vector tier where it has no kernels of its own
-// (avx512_amx runs avx512_bf16's today).
+// The vector tier of `tier`: the tier itself, or the tier whose kernels it runs
+// for the formats it has no kernels of its own for (avx512_amx: avx512_bf16).
+// Which formats those are is the decoders' choice: jit::kernel_isa(tier,
+// format, group, flags) in jit/gemv.h.
 Isa kernel_isa(Isa tier);
 
 }  // namespace moejit::jit

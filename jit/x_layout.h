@@ -53,6 +53,10 @@ class XPrep {
 
   XLayout layout() const { return layout_; }
   const XSums& sums() const { return sums_; }
+  bool operator==(const XPrep& o) const {
+    return layout_ == o.layout_ && isa_ == o.isa_ && sums_.span == o.sums_.span &&
+           sums_.block == o.sums_.block;
+  }
   size_t elem_bytes() const { return x_elem_bytes(layout_); }
   // Element slot of activation k (the sums take kXSumBytes / elem_bytes() slots after each block).
   int64_t position(int64_t k) const {
@@ -77,7 +81,37 @@ class XPrep {
   // and the sums of the sub-blocks wholly inside them.
   void store(void* vec, int64_t k0, const float* v, int64_t n) const;
 
+  // ---- buffers of token slots ----
+  // A buffer holds the prepared x of several tokens, one per slot. Per-token
+  // layouts give slot s the vector at s * vector_bytes(k). Tile layouts
+  // (avx512_amx) hold 16 slots per block of vector_bytes(k) * 16 bytes: chunk c
+  // of 32 slots (positions) is 1 KiB at c * 1024, of 16 rows (element pairs) of
+  // 64 bytes, one dword per slot: the B tile of tdpbf16ps for up to 16 tokens.
+  static constexpr int kTileSlots = 16;
+  bool tiled() const { return isa_ == Isa::avx512_amx; }
+  // Bytes of a buffer of `slots` slots.
+  int64_t buffer_bytes(int64_t k, int64_t slots) const;
+  // The kernel's x argument for tokens from `slot` on (a call never crosses a
+  // block of kTileSlots in a tile layout).
+  const void* slot_ptr(const void* buf, int64_t k, int64_t slot) const;
+  // prepare() and store() into slot `slot` of a buffer.
+  void prepare_slot(void* buf, int64_t slot, const uint16_t* src, int64_t k) const;
+  void store_slot(void* buf, int64_t slot, int64_t k, int64_t k0, const float* v, int64_t n) const;
+  // Slot `sslot` of buffer `src` to slot `dslot` of `dst`.
+  void copy_slot(void* dst, int64_t dslot, const void* src, int64_t sslot, int64_t k) const;
+  // Where a run of `count` tokens (one kernel call's, tiled by kTileSlots)
+  // starts when slots from `next` on are free: tile layouts skip to the next
+  // block when that saves a call. Runs of `total` tokens need at most
+  // max_slots(total) slots (a skip wastes fewer slots than its run holds).
+  int64_t run_slot(int64_t next, int64_t count) const;
+  int64_t max_slots(int64_t total) const { return tiled() ? 2 * total : total; }
+
  private:
+  // Byte of activation k of slot `col` in a tile layout's block.
+  int64_t tile_byte(int64_t k, int64_t col) const {
+    const int64_t p = slot(k);
+    return (p >> 5) * 1024 + ((p & 31) >> 1) * 64 + col * 4 + (p & 1) * 2;
+  }
   // Slot of activation k in the layout's order, sums aside.
   int64_t slot(int64_t k) const {
     switch (layout_) {

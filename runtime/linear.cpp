@@ -26,9 +26,8 @@ moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConf
   l->bias_ = w.bias;
   l->rb_ = p.rows_per_item;
   l->nblk_ = p.items;
-  l->xelem_ = l->mm_.x_elem_bytes();
   try {
-    l->x_prep_.assign(size_t(cfg.max_tokens) * size_t(l->mm_.x_stride()) * l->xelem_, 0);
+    l->x_prep_.assign(l->mm_.x_buffer_bytes(cfg.max_tokens), 0);
     if (formats::info(cfg.format).ds_numerics) l->x_rt_.assign(size_t(cfg.cols), 0);
     l->worker_floats_ = l->mm_.scratch_floats() + size_t(cfg.max_tokens) * size_t(l->rb_) + 16;
     l->worker_scratch_.assign(l->worker_floats_ * size_t(l->ctx_->num_threads()), 0.0f);
@@ -50,14 +49,13 @@ moejit_status LinearLayer::submit(int32_t T, const uint16_t* x, void* y, bool sy
   if (!ctx_->try_acquire(this)) return MOEJIT_BUSY;
   tokens_ = T;
   y_ = y;
-  const int64_t xs = mm_.x_stride();
   for (int32_t t = 0; t < T; ++t) {
     const uint16_t* xt = x + int64_t(t) * cfg_.cols;
     if (!x_rt_.empty()) {  // ds_fp4
       ds_act_roundtrip_n(xt, cfg_.cols, x_rt_.data(), ctx_->isa());
       xt = x_rt_.data();
     }
-    mm_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, xt);
+    mm_.x_prepare(x_prep_.data(), t, xt);
   }
   job_.counts[0] = nblk_;
   ctx_->launch(&job_, sync);
@@ -70,7 +68,7 @@ void LinearLayer::run_item(void* self, int, int64_t item, int worker) {
   const int64_t n = std::min<int64_t>(l->rb_, l->cfg_.rows - r0);
   float* dot = l->worker_scratch_.data() + size_t(worker) * l->worker_floats_;
   float* mscratch = dot + size_t(l->cfg_.max_tokens) * size_t(l->rb_);
-  l->mm_.run(l->w_, r0, n, l->tokens_, l->x_prep_.data(), dot, mscratch);
+  l->mm_.run(l->w_, r0, n, l->tokens_, l->x_prep_.data(), 0, dot, mscratch);
   const int64_t rows = l->cfg_.rows;
   for (int32_t t = 0; t < l->tokens_; ++t) {
     for (int64_t i = 0; i < n; ++i) {

@@ -32,19 +32,22 @@ moejit_status Matmul::init(const plan::MatrixPlan& p, std::string* err) {
   return MOEJIT_OK;
 }
 
-void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens, const void* x, float* y,
-                 float* scratch, const void* prefetch) const {
-  const int64_t xs = x_stride();
+void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens, const void* x, int64_t slot0,
+                 float* y, float* scratch, const void* prefetch) const {
   if (isa_ == jit::Isa::scalar) {
     for (int t = 0; t < tokens; ++t)
-      formats::gemv_scalar(layout_, m, r0, n, static_cast<const float*>(x) + t * xs, y + int64_t(t) * n);
+      formats::gemv_scalar(layout_, m, r0, n,
+                           static_cast<const float*>(xprep_.slot_ptr(x, layout_.k, slot0 + t)),
+                           y + int64_t(t) * n);
     return;
   }
-  const size_t xbytes = x_elem_bytes();
   const int64_t rb = formats::row_bytes(layout_.format, layout_.k);
   const int64_t sb = formats::scale_elem_bytes(layout_.format, layout_.scale_dtype);
-  for (int t0 = 0; t0 < tokens; t0 += max_m_) {
-    const int mc = std::min(max_m_, tokens - t0);
+  for (int t0 = 0, mc = 0; t0 < tokens; t0 += mc) {
+    // A call's tokens never cross a block of tile slots.
+    const int64_t slot = slot0 + t0;
+    mc = std::min(max_m_, tokens - t0);
+    if (xprep_.tiled()) mc = std::min<int>(mc, int(jit::XPrep::kTileSlots - slot % jit::XPrep::kTileSlots));
     for (int64_t r = r0; r < r0 + n;) {
       const int64_t e = plan::call_end(layout_, r, r0 + n);
       const int64_t len = e - r;
@@ -55,7 +58,7 @@ void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens,
                                     (m.scale_stride ? m.scale_stride : layout_.scale_stride) * sb
                           : nullptr;
       a.row_scales = m.row_scales ? m.row_scales + r : nullptr;
-      a.x = static_cast<const uint8_t*>(x) + size_t(t0) * size_t(xs) * xbytes;
+      a.x = xprep_.slot_ptr(x, layout_.k, slot);
       a.y = scratch;
       const uint8_t* wseg = static_cast<const uint8_t*>(a.w);
       a.w_prefetch = prefetch ? static_cast<const uint8_t*>(prefetch) + (r - r0) * rb : wseg + kPrefetchBytes;

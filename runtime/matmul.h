@@ -26,13 +26,13 @@ class Matmul {
   // cache) every kernel the plan lists.
   moejit_status init(const plan::MatrixPlan& p, std::string* err);
 
-  // y[t * n + i] = dot(row r0 + i, x[t]) for t < tokens, i < n. x holds `tokens`
-  // prepared vectors of x_stride() elements. `scratch` holds scratch_floats().
-  // `prefetch` is the first weight row of a later call of this thread, fetched
-  // while this one runs; nullptr means the bytes kPrefetchBytes past these rows
-  // (a thread reading one matrix front to back).
-  void run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens, const void* x, float* y,
-           float* scratch, const void* prefetch = nullptr) const;
+  // y[t * n + i] = dot(row r0 + i, x[t]) for t < tokens, i < n. x is a buffer
+  // of prepared vectors (xprep()), the tokens in slots slot0 .. slot0 + tokens - 1.
+  // `scratch` holds scratch_floats(). `prefetch` is the first weight row of a
+  // later call of this thread, fetched while this one runs; nullptr means the
+  // bytes kPrefetchBytes past these rows (a thread reading one matrix front to back).
+  void run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens, const void* x, int64_t slot0,
+           float* y, float* scratch, const void* prefetch = nullptr) const;
   // Weight bytes one call reads for n rows.
   int64_t call_bytes(int64_t n) const { return n * formats::row_bytes(layout_.format, layout_.k); }
   // Address of row r's weights.
@@ -42,13 +42,22 @@ class Matmul {
 
   int64_t x_stride() const { return jit::x_stride(layout_.k); }
   jit::XLayout x_layout() const { return xprep_.layout(); }
-  size_t x_elem_bytes() const { return xprep_.elem_bytes(); }
-  // Writes activation k (a value exact in bf16) of one prepared vector.
-  void x_store(void* vec, int64_t k, float v) const { x_store_n(vec, k, &v, 1); }
-  // Writes activations k0 .. k0 + n - 1 (values exact in bf16) of one prepared vector.
-  void x_store_n(void* vec, int64_t k0, const float* v, int64_t n) const { xprep_.store(vec, k0, v, n); }
-  // Prepares one activation vector from K bf16 values.
-  void x_prepare(void* vec, const uint16_t* src) const { xprep_.prepare(vec, src, layout_.k); }
+  // The kernels' activation layout: per-token vectors, or tiles of 16 slots (avx512_amx).
+  const jit::XPrep& xprep() const { return xprep_; }
+  // Bytes of a buffer of `slots` prepared vectors.
+  size_t x_buffer_bytes(int64_t slots) const { return size_t(xprep_.buffer_bytes(layout_.k, slots)); }
+  // Writes activations k0 .. k0 + n - 1 (values exact in bf16) of slot `slot` of a buffer.
+  void x_store_n(void* buf, int64_t slot, int64_t k0, const float* v, int64_t n) const {
+    xprep_.store_slot(buf, slot, layout_.k, k0, v, n);
+  }
+  // Prepares slot `slot` of a buffer from K bf16 values.
+  void x_prepare(void* buf, int64_t slot, const uint16_t* src) const {
+    xprep_.prepare_slot(buf, slot, src, layout_.k);
+  }
+  // Slot `sslot` of buffer `src` to slot `dslot` of `dst`.
+  void x_copy(void* dst, int64_t dslot, const void* src, int64_t sslot) const {
+    xprep_.copy_slot(dst, dslot, src, sslot, layout_.k);
+  }
   size_t scratch_floats() const { return size_t(max_seg_) * size_t(max_m_ > 0 ? max_m_ : 1); }
   const formats::Layout& layout() const { return layout_; }
 

@@ -73,19 +73,23 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   const int64_t b2 = dn.call_bytes(p.rows2);
   m->ahead1_ = far1 ? std::max<int64_t>(1, (kPrefetchBytes + b1 - 1) / b1) : 1;
   m->ahead2_ = p.mats[plan::kDown].far_prefetch() ? std::max<int64_t>(1, (kPrefetchBytes + b2 - 1) / b2) : 1;
-  m->x_sets_ = p.separate() && m->mm_[plan::kUp].x_layout() != gate.x_layout() ? 2 : 1;
-  for (int s = 0; s < m->x_sets_; ++s)
-    m->xvec_[s] = size_t(gate.x_stride()) * m->mm_[s == 0 ? plan::kGate : plan::kUp].x_elem_bytes();
-  m->gvec_ = size_t(dn.x_stride()) * dn.x_elem_bytes();
+  m->x_sets_ = p.separate() && !(m->mm_[plan::kUp].xprep() == gate.xprep()) ? 2 : 1;
   const size_t T = size_t(cfg.max_tokens), K = size_t(cfg.top_k), R = T * K;
   const size_t gmax = size_t(p.group_max);
+  // Grouped x and g: one slot per route; tile layouts start a group at the next
+  // block of 16 slots when that saves a kernel call (XPrep::run_slot).
+  for (int proj : {plan::kGate, plan::kUp, plan::kDown})
+    if (p.has(proj) && m->mm_[proj].xprep().tiled()) m->slot_prep_ = m->mm_[proj].xprep();
+  const int64_t slots = m->dedup_ ? m->slot_prep_.max_slots(int64_t(R)) : int64_t(R);
   try {
     for (int s = 0; s < m->x_sets_; ++s) {
-      m->x_prep_[s].assign(T * m->xvec_[s], 0);
-      if (m->dedup_) m->x_grp_[s].assign(R * m->xvec_[s], 0);
+      const Matmul& mx = m->mm_[s == 0 ? plan::kGate : plan::kUp];
+      m->x_prep_[s].assign(mx.x_buffer_bytes(int64_t(T)), 0);
+      if (m->dedup_) m->x_grp_[s].assign(mx.x_buffer_bytes(slots), 0);
     }
     if (m->ds_) m->x_rt_.assign(size_t(H), 0);
-    m->g_grp_.assign(R * m->gvec_, 0);
+    m->g_grp_.assign(dn.x_buffer_bytes(slots), 0);
+    m->group_slot_.assign(R + 1, 0);
     // pass 1: gate, up (or both interleaved) for a group; pass 2: dot for a group + per-token sums.
     const size_t p1 = 4 * gmax * size_t(p.rows1);
     const size_t p2 = gmax * size_t(p.rows2) + T * size_t(p.rows2);
@@ -129,7 +133,7 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
       xt = x_rt_.data();
     }
     for (int s = 0; s < x_sets_; ++s)
-      mm_[s == 0 ? plan::kGate : plan::kUp].x_prepare(x_prep_[s].data() + size_t(t) * xvec_[s], xt);
+      mm_[s == 0 ? plan::kGate : plan::kUp].x_prepare(x_prep_[s].data(), t, xt);
   }
 
   // Counting sort of the active routes by expert; slots ascend inside an expert.
@@ -154,14 +158,20 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
       begin = end;
     }
     // Each group's x vectors side by side for the multi-token kernels.
-    for (int s = 0; s < x_sets_; ++s) {
-      const size_t vbytes = xvec_[s];
-      for (int32_t r = 0; r < nact; ++r)
-        std::memcpy(x_grp_[s].data() + size_t(r) * vbytes,
-                    x_prep_[s].data() + size_t(route_slot_[size_t(r)] / K) * vbytes, vbytes);
+    for (int32_t g = 0, next = 0; g < groups_; ++g) {
+      const int32_t first = group_begin_[size_t(g)], cnt = group_size(g);
+      group_slot_[size_t(g)] = int32_t(slot_prep_.run_slot(next, cnt));
+      next = group_slot_[size_t(g)] + cnt;
+      for (int s = 0; s < x_sets_; ++s)
+        for (int32_t i = 0; i < cnt; ++i)
+          mm_[s == 0 ? plan::kGate : plan::kUp].x_copy(x_grp_[s].data(), group_slot_[size_t(g)] + i,
+                                                       x_prep_[s].data(), route_slot_[size_t(first + i)] / K);
     }
   } else {
-    for (int32_t r = 0; r < nact; ++r) group_begin_[size_t(++groups_)] = r + 1;
+    for (int32_t r = 0; r < nact; ++r) {
+      group_begin_[size_t(++groups_)] = r + 1;
+      group_slot_[size_t(r)] = r;
+    }
   }
 
   const uint64_t streamed = uint64_t(dedup_ ? unique : nact) * expert_bytes_;
@@ -225,12 +235,9 @@ void MoeLayer::pass1(int64_t item, int worker) {
   float* up = gate + size_t(cnt) * size_t(n);  // [cnt][n]
   float* both = up + size_t(cnt) * size_t(n);  // [cnt][2n] interleaved rows
   float* mscratch = gate + 4 * size_t(cnt) * size_t(plan_.rows1);
-  // This group's x vectors in x set s (side by side with dedup, else its one token's).
-  auto group_x = [&](int s) {
-    return dedup_ ? static_cast<const void*>(x_grp_[s].data() + size_t(first) * xvec_[s])
-                  : static_cast<const void*>(x_prep_[s].data() +
-                                             size_t(route_slot_[size_t(first)] / K) * xvec_[s]);
-  };
+  // This group's x vectors in x set s (side by side with dedup, else its one token's): buffer and first slot.
+  auto group_x = [&](int s) { return dedup_ ? x_grp_[s].data() : x_prep_[s].data(); };
+  const int64_t xslot = dedup_ ? group_slot_[size_t(grp)] : route_slot_[size_t(first)] / K;
   // Workers own contiguous item ranges, so this thread's later calls are known:
   // prefetch the one about kPrefetchBytes ahead.
   const int cpi = plan_.calls1();
@@ -240,15 +247,16 @@ void MoeLayer::pass1(int64_t item, int worker) {
   const plan::GateUp form = plan_.gate_up;
   if (form == plan::GateUp::interleaved) {
     const plan::Call c = plan_.call1(blk, 0);
-    mm_[c.proj].run(w_[c.proj][size_t(e)], c.r0, c.rows, cnt, group_x(0), both, mscratch, pf0);
+    mm_[c.proj].run(w_[c.proj][size_t(e)], c.r0, c.rows, cnt, group_x(0), xslot, both, mscratch, pf0);
     for (int64_t i = 0; i < int64_t(cnt) * n; ++i) {
       gate[i] = both[2 * i];
       up[i] = both[2 * i + 1];
     }
   } else {
     const plan::Call cg = plan_.call1(blk, 0), cu = plan_.call1(blk, 1);
-    mm_[cg.proj].run(w_[cg.proj][size_t(e)], cg.r0, cg.rows, cnt, group_x(0), gate, mscratch, pf0);
-    mm_[cu.proj].run(w_[cu.proj][size_t(e)], cu.r0, cu.rows, cnt, group_x(x_sets_ - 1), up, mscratch, pf1);
+    mm_[cg.proj].run(w_[cg.proj][size_t(e)], cg.r0, cg.rows, cnt, group_x(0), xslot, gate, mscratch, pf0);
+    mm_[cu.proj].run(w_[cu.proj][size_t(e)], cu.r0, cu.rows, cnt, group_x(x_sets_ - 1), xslot, up, mscratch,
+                     pf1);
   }
   // Gate's and up's biases, from element j0: rows j0 + i and I + j0 + i of gate_up
   // (concatenated), 2 (j0 + i) and 2 (j0 + i) + 1 (interleaved), or j0 + i of each bank.
@@ -264,8 +272,8 @@ void MoeLayer::pass1(int64_t item, int worker) {
   for (int32_t m = 0; m < cnt; ++m) {
     const int32_t r = first + m;
     const float rw = cfg_.weight_on_input ? weights_[route_slot_[size_t(r)]] : 1.0f;
-    void* g = g_grp_.data() + size_t(r) * gvec_;
-    float* gt = gate + int64_t(m) * n;  // this route's gate and up values, updated in place
+    const int64_t gslot = group_slot_[size_t(grp)] + m;  // this route's slot of g
+    float* gt = gate + int64_t(m) * n;                   // this route's gate and up values, updated in place
     float* ut = up + int64_t(m) * n;
     if (cfg_.weight_on_input) {
       for (int64_t i = 0; i < n; ++i) {
@@ -279,7 +287,7 @@ void MoeLayer::pass1(int64_t item, int worker) {
       for (int64_t i = 0; i < n; ++i) ut[i] += formats::bf16_to_f32(bias_u[bstep * i]);
     if (!ds_) {
       activate_bf16_n(cfg_.act, gt, ut, gt, n, ctx_->isa());
-      dn.x_store_n(g, j0, gt, n);
+      dn.x_store_n(g_grp_.data(), gslot, j0, gt, n);
       continue;
     }
     activate_bf16_in_n(cfg_.act, gt, ut, gt, n, ctx_->isa());
@@ -287,7 +295,7 @@ void MoeLayer::pass1(int64_t item, int worker) {
     // j0 is a multiple of 128 and n <= 128: gq is exactly one 128-block of g.
     ds_act_roundtrip_n(gq, n, gq, ctx_->isa());
     for (int64_t i = 0; i < n; ++i) gt[i] = formats::bf16_to_f32(gq[i]);
-    dn.x_store_n(g, j0, gt, n);
+    dn.x_store_n(g_grp_.data(), gslot, j0, gt, n);
   }
 }
 
@@ -305,13 +313,13 @@ void MoeLayer::pass2(int64_t item, int worker) {
   float* dot = acc + size_t(cfg_.max_tokens) * size_t(rb2);  // [group size][n]
   float* mscratch = dot + size_t(plan_.group_max) * size_t(rb2);
   std::fill(acc, acc + int64_t(tokens_) * n, 0.0f);
-  const size_t gvec = gvec_;
   for (int32_t grp = 0; grp < groups_; ++grp) {
     const int32_t first = group_begin_[size_t(grp)];
     const int32_t cnt = group_size(grp);
     const int32_t e = group_expert(grp);
     const void* pf = pass2_call(item * groups_ + grp + ahead2_);
-    dn.run(w_[plan::kDown][size_t(e)], h0, n, cnt, g_grp_.data() + size_t(first) * gvec, dot, mscratch, pf);
+    dn.run(w_[plan::kDown][size_t(e)], h0, n, cnt, g_grp_.data(), group_slot_[size_t(grp)], dot, mscratch,
+           pf);
     const uint16_t* bias = bias_[plan::kDown][size_t(e)];
     for (int32_t m = 0; m < cnt; ++m) {
       const int32_t slot = route_slot_[size_t(first + m)];

@@ -49,7 +49,8 @@ TEST(Tiers, EachTierNeedsTheFeaturesOfTheOneBelow) {
 }
 
 TEST(Tiers, KernelTierOfEachTier) {
-  // avx512_amx runs the avx512_bf16 kernels until it has kernels of its own.
+  // avx512_amx's vector tier: the kernels it runs for the formats without a
+  // tile decode (jit::kernel_isa(tier, format, ...), tests/test_jit_tiles.cpp).
   for (int i = 0; i < 4; ++i) EXPECT_EQ(jit::kernel_isa(jit::tier(i).isa), jit::tier(i).isa);
   EXPECT_EQ(jit::kernel_isa(jit::Isa::avx512_amx), jit::Isa::avx512_bf16);
 }

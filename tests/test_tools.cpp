@@ -125,6 +125,32 @@ struct TierCase {
 const std::vector<TierCase>& tier_cases() {
   static const std::vector<TierCase> cases = {
       {"bf16_avx2", Format::bf16, jit::Isa::avx2, false, {"vfmadd231ps"}, {"zmm\\d+", "vdpbf16ps"}},
+      // The tile kernels: the tile unit configured, used and released; the
+      // 8-bit decodes' words in natural order (vpermi2b, no unpacks).
+      {"bf16_avx512_amx",
+       Format::bf16,
+       jit::Isa::avx512_amx,
+       false,
+       {"ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilerelease", "vshuff32x4"},
+       {"vdpbf16ps"}},
+      {"fp8_block_avx512_amx",
+       Format::fp8_block,
+       jit::Isa::avx512_amx,
+       false,
+       {"ldtilecfg", "vpermi2b", "tdpbf16ps", "tilezero", "vfmadd231ps", "tilerelease"},
+       {"vdpbf16ps", "vpunpcklbw"}},
+      {"mxfp8_e5m2_avx512_amx",
+       Format::mxfp8_e5m2,
+       jit::Isa::avx512_amx,
+       false,
+       {"vpermi2b", "tdpbf16ps", "vfmadd231ps", "tilerelease"},
+       {"vdpbf16ps", "vpunpckhbw"}},
+      {"q8_0_avx512_amx",
+       Format::q8_0,
+       jit::Isa::avx512_amx,
+       false,
+       {"vpabsb", "vpermi2b", "tdpbf16ps", "vcvtph2ps", "tilerelease"},
+       {"vdpbf16ps", "vcvtdq2ps"}},
       {"bf16_avx512", Format::bf16, jit::Isa::avx512, false, {"vfmadd231ps", "zmm\\d+"}, {"vdpbf16ps"}},
       {"bf16_avx512_bf16", Format::bf16, jit::Isa::avx512_bf16, false, {"vdpbf16ps", "zmm\\d+"}, {}},
       {"fp8_block_avx2",
@@ -294,7 +320,9 @@ TEST_P(TierListing, UsesTheTiersInstructions) {
   ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
   EXPECT_EQ(listing.rfind("; " + key.name() + "\n", 0), 0u) << listing.substr(0, 200);
   EXPECT_NE(listing.find("; code size " + std::to_string(k->code_size()) + " bytes"), std::string::npos);
-  for (const char* p : {"prologue", "decode", "fma", "tail", "store", "epilogue"}) {
+  // The tile body's multiply phase is tdp (tileloadd, tdpbf16ps).
+  const char* mul = c.isa == jit::Isa::avx512_amx ? "tdp" : "fma";
+  for (const char* p : {"prologue", "decode", mul, "tail", "store", "epilogue"}) {
     if (!any_k && std::string(p) == "tail") continue;
     EXPECT_NE(listing.find(std::string("; --- ") + p + " ---"), std::string::npos) << key.name() << ": " << p;
   }
@@ -314,11 +342,14 @@ INSTANTIATE_TEST_SUITE_P(All, TierListing, ::testing::ValuesIn(tier_cases()),
 // Every prefetch of a later call's line (base + distance register) is paired
 // with one of the same offset kNearPrefetchBytes ahead in the call's own stream
 // (base only), and the later call's lines are covered with no gap: offsets 0,
-// s, 2s, ... with s = 64 (one per line) or 1024 (bf16, one token).
+// s, 2s, ... with s = 64 (one per line) or 1024 (bf16, one token, row body).
+// Tile kernels (avx512_amx) read 16 rows at once: row r's offsets are
+// r * row_bytes + 0, 64, ... for each of the call's rows. On an AMX host the
+// row body runs too, as avx512_bf16.
 TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
   if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
-  const jit::Isa isa = jit::host_isa();
-  if (isa == jit::Isa::scalar) GTEST_SKIP() << "no JIT tier on this CPU";
+  const jit::Isa host = jit::host_isa();
+  if (host == jit::Isa::scalar) GTEST_SKIP() << "no JIT tier on this CPU";
   struct Case {
     Format format;
     int64_t k;
@@ -331,34 +362,44 @@ TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
                         {Format::bf16, 1000, 3, 64}};
   const std::regex far_re(R"(prefetcht1 \[(r\w+)\+(r\w+)\*1(?:\+0x([0-9a-f]+))?\])");
   const std::regex near_re(R"(prefetcht1 \[(r\w+)\+0x([0-9a-f]+)\])");
-  for (const Case& c : cases) {
-    const jit::KernelKey key = runtime_key(c.format, c.k, isa, 3, c.tokens);
-    std::string err, listing;
-    auto k = jit::global_cache().get(key, &err);
-    ASSERT_TRUE(k) << key.name() << ": " << err;
-    ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
-    std::multiset<int64_t> far, near;
-    std::set<std::string> bases;
-    for (const auto& line : instruction_lines(listing)) {
-      std::smatch m;
-      if (std::regex_search(line, m, far_re)) {
-        far.insert(m[3].matched ? std::stoll(m[3].str(), nullptr, 16) : 0);
-        bases.insert(m[1].str());
-      } else if (std::regex_search(line, m, near_re)) {
-        near.insert(std::stoll(m[2].str(), nullptr, 16) - jit::kNearPrefetchBytes);
-        bases.insert(m[1].str());
+  std::vector<jit::Isa> isas = {host};
+  if (host == jit::Isa::avx512_amx) isas.push_back(jit::Isa::avx512_bf16);
+  const int rows = 3;
+  for (jit::Isa isa : isas)
+    for (const Case& c : cases) {
+      const jit::KernelKey key = runtime_key(c.format, c.k, isa, rows, c.tokens);
+      std::string err, listing;
+      auto k = jit::global_cache().get(key, &err);
+      ASSERT_TRUE(k) << key.name() << ": " << err;
+      ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
+      std::multiset<int64_t> far, near;
+      std::set<std::string> bases;
+      for (const auto& line : instruction_lines(listing)) {
+        std::smatch m;
+        if (std::regex_search(line, m, far_re)) {
+          far.insert(m[3].matched ? std::stoll(m[3].str(), nullptr, 16) : 0);
+          bases.insert(m[1].str());
+        } else if (std::regex_search(line, m, near_re)) {
+          near.insert(std::stoll(m[2].str(), nullptr, 16) - jit::kNearPrefetchBytes);
+          bases.insert(m[1].str());
+        }
+      }
+      ASSERT_FALSE(far.empty()) << key.name() << " prefetches no later call";
+      EXPECT_EQ(near, far) << key.name() << ": the near prefetches do not pair with the later call's";
+      EXPECT_EQ(bases.size(), 1u) << key.name() << ": prefetches from more than one cursor";
+      const bool tile = key.isa == jit::Isa::avx512_amx;
+      const int64_t rb = moejit::formats::row_bytes(c.format, c.k);
+      for (int r = 0; r < (tile ? rows : 1); ++r) {
+        std::set<int64_t> offsets;
+        for (int64_t off : far)
+          if (!tile || off / rb == r) offsets.insert(tile ? off - r * rb : off);
+        int64_t expect = 0;
+        for (int64_t off : offsets) {
+          EXPECT_EQ(off, expect) << key.name() << " row " << r << ": a later call's line is not prefetched";
+          expect = off + (tile ? 64 : c.stride);
+        }
       }
     }
-    ASSERT_FALSE(far.empty()) << key.name() << " prefetches no later call";
-    EXPECT_EQ(near, far) << key.name() << ": the near prefetches do not pair with the later call's";
-    EXPECT_EQ(bases.size(), 1u) << key.name() << ": prefetches from more than one cursor";
-    const std::set<int64_t> offsets(far.begin(), far.end());
-    int64_t expect = 0;
-    for (int64_t off : offsets) {
-      EXPECT_EQ(off, expect) << key.name() << ": a later call's line is not prefetched";
-      expect = off + c.stride;
-    }
-  }
 }
 
 // The listing covers every byte once: offsets strictly increase and the last
@@ -513,7 +554,7 @@ TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
   const LayerCase& c = GetParam();
   ScopedEnv no_dedup_env("MOEJIT_DEDUP", nullptr);
   int tiers = 0;
-  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16}) {
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16, jit::Isa::avx512_amx}) {
     if (!jit::isa_available(isa)) {
       std::printf("[  SKIP    ] tier %s: this CPU lacks it\n", jit::isa_name(isa));
       continue;
@@ -583,6 +624,20 @@ TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
       moejit_context_destroy(ctx);
       EXPECT_EQ(dumped, planned);
       EXPECT_FALSE(planned.empty());
+      // avx512_amx: tile kernels for the formats with a tile decode, the rest avx512_bf16's.
+      if (isa == jit::Isa::avx512_amx)
+        for (Format f : {c.format, c.up, c.down}) {
+          const bool tile = jit::kernel_isa(isa, moejit::formats::kernel_format(f),
+                                            moejit::formats::default_group(f, 0)) == isa;
+          bool found = false;
+          for (const std::string& n : planned)
+            found |=
+                n.rfind(std::string(moejit::formats::format_name(moejit::formats::kernel_format(f))) + "_",
+                        0) == 0 &&
+                n.find(tile ? "_avx512amx" : "_avx512bf16") != std::string::npos;
+          EXPECT_TRUE(found) << moejit::formats::format_name(f) << ": no " << (tile ? "tile" : "avx512_bf16")
+                             << " kernel in the plan";
+        }
       remove_tree(dir);
     }
   }

@@ -158,10 +158,14 @@ struct FormatTier {
 std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) {
   if (isa == MOEJIT_ISA_SCALAR) return "";
   namespace J = moejit::jit;
-  const J::Isa tier = J::Isa(int(isa)), kernels = J::kernel_isa(tier);
+  const moejit::formats::Format kf = moejit::formats::kernel_format(f);
+  const J::Isa tier = J::Isa(int(isa));
+  const J::Isa kernels =
+      J::kernel_isa(tier, kf, moejit::formats::default_group(f, 0), vbmi ? 0 : J::kFlagNoVbmi);
   const uint32_t flags = kernels == J::Isa::avx512_bf16 && !vbmi ? J::kFlagNoVbmi : 0;
-  const std::string path = J::decode_path(kernels, moejit::formats::kernel_format(f), flags);
-  // A tier without kernels of its own for the format runs its vector tier's.
+  const std::string path = J::decode_path(kernels, kf, flags);
+  // A tier without kernels of its own for the format runs its vector tier's
+  // (avx512_amx: the formats without a tile decode, docs/FORMATS.md).
   return kernels == tier ? path : std::string(J::isa_name(kernels)) + " kernels: " + path;
 }
 

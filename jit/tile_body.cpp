@@ -1,0 +1,450 @@
+// The tile body: blocks of 16 weight rows. For each step of K the decoder
+// widens each row's weights into bf16 vectors, stored as the rows of a 1 KiB
+// tile buffer in L1 (bf16 weights are the A tiles as they lie: tileloadd with
+// the row stride, tails aside); the activations of up to 16 tokens are the B
+// tiles (XPrep's tile layout: 16 element pairs x 16 tokens per chunk of 32);
+// tdpbf16ps accumulates a C tile of 16 rows x M tokens. Scaled formats store
+// C after each scale group and add it, times each row's scale, to 16 running
+// totals (one zmm per row, lanes = tokens). A block ends with a 16 x 16
+// transpose of the totals into y. No instruction depends on M but the tile
+// shapes, and each C element is one (row, token) dot product, so a token's
+// bits are the same for every M.
+#include "jit/tile_body.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "formats/formats.h"
+
+namespace moejit::jit {
+
+using namespace Xbyak;
+
+namespace {
+
+constexpr int kRows = 16;          // rows of a tile block
+constexpr int kTileBytes = 1024;   // one tile: 16 rows of 64 bytes
+constexpr int kIterElems = 256;    // elements of K per loop iteration
+constexpr int kPrefetchLine = 64;  // every line of the rows is prefetched (far and near)
+
+const Tmm tmm_c[2] = {Tmm(0),
+                      Tmm(1)};  // C, 16 rows x M tokens; two, so a group's store overlaps the next's tdp
+const Tmm tmm_a[2] = {Tmm(2), Tmm(3)};  // A, 16 rows x 32 bf16
+const Tmm tmm_b[2] = {Tmm(4), Tmm(5)};  // B, 16 element pairs x M tokens
+
+class TileBody : public Generator {
+ public:
+  TileBody(const KernelKey& key, std::unique_ptr<Decoder> dec)
+      : key_(key),
+        dec_(std::move(dec)),
+        rule_(dec_->scale()),
+        shape_(dec_->shape()),
+        nvec_(shape_.vectors()),
+        row_bytes_(formats::row_bytes(key.format, key.k)),
+        unroll_(std::max(1, kIterElems / shape_.block)) {}
+
+  bool generate(std::string* err) {
+    if (shape_.vec_elems != 32 || !dec_->x_prep().tiled() || (rule_ && !rule_->tile_ready())) {
+      *err = "the decoder of " + key_.name() + " has no tile form";
+      return false;
+    }
+    if (key_.tokens > kTileTokens) {
+      *err = "tokens per call exceed the 16 columns of a tile";
+      return false;
+    }
+    if (rule_bytes() % 64 != 0) {
+      *err = "the scale rule's stack area breaks the tile buffers' alignment";
+      return false;
+    }
+    regs_ = lent_regs();
+    dec_->bind(*this, regs_);
+    emit_body();
+    return finalize(err);
+  }
+  const KernelKey& key() const { return key_; }
+
+ private:
+  // ---- register roles ----
+  const Reg64 reg_w = rsi;     // weights of the current block's first row
+  const Reg64 reg_y = rdx;     // y of the current block
+  const Reg64 reg_x = rcx;     // B tiles: x of the call's first token (XPrep::slot_ptr)
+  const Reg64 reg_s0 = r8;     // scale row of the block's first row
+  const Reg64 reg_wk = r9;     // weight cursor along K
+  const Reg64 reg_xk = r10;    // activation cursor along K
+  const Reg64 reg_sk = r11;    // scale cursor along K
+  const Reg64 reg_kb = rax;    // loop counter along K
+  const Reg64 reg_tmp = rbx;   // scratch (callee-saved)
+  const Reg64 reg_rows = r12;  // row blocks left (callee-saved)
+  const Reg64 reg_pfd = r13;   // w_prefetch - w (callee-saved)
+  const Reg64 reg_aux = r14;   // the decoder's (callee-saved)
+  const Reg64 reg_g = r15;     // per-row globals of the current block (callee-saved)
+  const Reg64 reg_s64 = rdi;   // 64: the row stride of B tiles and tile buffers (reg_args before)
+  const Reg64 reg_rb = rbp;    // the weights' row stride, for A tiles read in place (callee-saved)
+  const Opmask k_tail = k1;
+
+  // Vectors 0-9 are the decoder's (as the row body lends them); 16-31 hold
+  // the totals of the block's rows; 10-15 are the body's. The transpose at
+  // the end of a block takes 0-15 too, and the decoder's constants are loaded
+  // again before the next block.
+  Zmm v_w(int i) const { return Zmm(i); }
+  Zmm tot(int r) const { return Zmm(16 + r); }
+  Zmm v_tmp() const { return Zmm(10); }
+
+  DecodeRegs lent_regs() const {
+    DecodeRegs r;
+    for (int i = 0; i < 4; ++i) r.w[i] = v_w(i);
+    for (int i = 0; i < 2; ++i) r.t[i] = v_w(2 + i);
+    r.scale = Zmm(4);
+    for (int i = 0; i < 5; ++i) r.c[i] = Zmm(5 + i);
+    r.tmp = reg_tmp;
+    r.aux = reg_aux;
+    r.tail = k_tail;
+    r.scale_row = reg_s0;
+    r.rows_left = reg_rows;
+    r.count = reg_kb;
+    r.src = reg_wk;
+    r.dst = reg_xk;
+    return r;
+  }
+
+  // ---- the stack: the rule's area at rsp, then the body's (64-byte aligned) ----
+  int rule_bytes() const { return rule_ ? rule_->stack_bytes() : 0; }
+  int abuf_off(int set, int v) const { return rule_bytes() + (set * nvec_ + v) * kTileBytes; }
+  int cbuf_off(int i) const { return rule_bytes() + 2 * nvec_ * kTileBytes + i * kTileBytes; }
+  int saved_rsp_off() const { return rule_bytes() + (2 * nvec_ + 2) * kTileBytes; }
+  int body_bytes() const { return (2 * nvec_ + 2) * kTileBytes + 64; }
+
+  void emit_body();
+  void emit_data();
+  void emit_rows(int n);
+  void emit_block(int j, int n_elems, int n);
+  void emit_step(int off, int cnt, int n);
+  void flush_group(int gi, int n);
+  void store_rows(int n);
+  void transpose();
+
+  // ---- prefetch, as the row body: a region of `span` bytes per row from the
+  // cursor prefetches each row's lines of the later call (reg_pfd) and the
+  // lines kNearPrefetchBytes ahead, spread over its steps ----
+  void start_prefetch_span(int64_t span) {
+    pf_next_ = 0;
+    pf_span_ = span;
+  }
+  void emit_prefetch(int n) {
+    for (int r = 0; r < n; ++r) {
+      prefetcht1(ptr[reg_wk + reg_pfd + (r * row_bytes_ + pf_next_)]);
+      prefetcht1(ptr[reg_wk + (r * row_bytes_ + pf_next_ + kNearPrefetchBytes)]);
+    }
+    pf_next_ += kPrefetchLine;
+  }
+  void finish_prefetch_span(int n) {
+    while (pf_next_ < pf_span_) emit_prefetch(n);
+  }
+
+  void set_tail_mask(int cnt) {
+    mov(reg_tmp, cnt >= 64 ? ~uint64_t(0) : (uint64_t(1) << cnt) - 1);
+    kmovq(k_tail, reg_tmp);
+  }
+  int scale_bytes() const { return rule_ ? rule_->block_bytes() : 0; }
+
+  KernelKey key_;
+  std::unique_ptr<Decoder> dec_;
+  ScaleRule* rule_;  // dec_'s, null when unscaled
+  DecodeRegs regs_;  // lent to dec_
+  DecodeShape shape_;
+  int nvec_;  // vectors per step: tile buffers per set
+  int64_t row_bytes_;
+  int unroll_;            // blocks per loop iteration
+  int dw_ = 0;            // byte displacements of the block being emitted: weights,
+  int64_t dx_ = 0;        // activations (elements),
+  int ds_ = 0;            // scales
+  int set_ = 0;           // tile buffer set of the next decoded step
+  int cur_ = 0;           // C tile of the current group
+  bool pending_ = false;  // products in C not yet added to the totals
+  int64_t pf_next_ = 0;   // next line offset of the current region to prefetch
+  int64_t pf_span_ = 0;   // bytes per row the current region reads
+  Label l_cfg_;           // the tile palette
+};
+
+void TileBody::emit_body() {
+  phase("prologue");
+  for (const Reg64& r : {reg_tmp, reg_rows, reg_pfd, reg_aux, reg_g, reg_rb}) push(r);
+  mov(reg_w, ptr[reg_args + offsetof(GemvArgs, w)]);
+  mov(reg_pfd, ptr[reg_args + offsetof(GemvArgs, w_prefetch)]);
+  sub(reg_pfd, reg_w);
+  mov(reg_s0, ptr[reg_args + offsetof(GemvArgs, scales)]);
+  if (dec_->row_globals()) mov(reg_g, ptr[reg_args + offsetof(GemvArgs, row_scales)]);
+  if (rule_) rule_->load_args();
+  mov(reg_x, ptr[reg_args + offsetof(GemvArgs, x)]);
+  mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
+  // A 64-byte aligned area above the rule's: tile buffers, C stores, the caller's rsp.
+  mov(reg_kb, rsp);
+  and_(rsp, -64);
+  sub(rsp, body_bytes());  // the rule's prologue allocates its own bytes below
+  mov(ptr[rsp + saved_rsp_off() - rule_bytes()], reg_kb);
+  ldtilecfg(ptr[rip + l_cfg_]);
+  // The lanes past the call's tokens of the C stores stay zero (no denormal
+  // garbage reaches the FMAs).
+  vpxord(v_tmp(), v_tmp(), v_tmp());
+  for (int i = 0; i < 2; ++i)
+    for (int r = 0; r < kRows; ++r) vmovups(ptr[rsp + cbuf_off(i) - rule_bytes() + 64 * r], v_tmp());
+  if (rule_) rule_->prologue();
+  mov(reg_s64, 64);
+  mov(reg_rb, row_bytes_);
+
+  const int64_t full = key_.rows / kRows;
+  const int part = int(key_.rows % kRows);
+  if (full > 0) {
+    Label l_blk;
+    mov(reg_rows, full);
+    L(l_blk);
+    emit_rows(kRows);
+    add(reg_w, kRows * row_bytes_);
+    add(reg_y, kRows * 4);
+    if (dec_->row_globals()) add(reg_g, kRows * 4);
+    if (rule_) rule_->next_rows(kRows);
+    dec(reg_rows);
+    jnz(l_blk, T_NEAR);
+  }
+  if (part > 0) emit_rows(part);
+
+  phase("epilogue");
+  tilerelease();
+  if (rule_bytes() > 0) add(rsp, rule_bytes());
+  mov(rsp, ptr[rsp + saved_rsp_off() - rule_bytes()]);
+  vzeroupper();
+  for (const Reg64& r : {reg_rb, reg_g, reg_aux, reg_pfd, reg_rows, reg_tmp}) pop(r);
+  ret();
+  emit_data();
+}
+
+void TileBody::emit_data() {
+  phase("data");
+  align(64);
+  // The palette: id 1; colsb (16-bit) of tile i at 16 + 2i, rows at 48 + i.
+  L(l_cfg_);
+  uint8_t cfg[64] = {};
+  cfg[0] = 1;
+  auto set = [&](const Tmm& t, int rows, int colsb) {
+    cfg[16 + 2 * t.getIdx()] = uint8_t(colsb);
+    cfg[17 + 2 * t.getIdx()] = uint8_t(colsb >> 8);
+    cfg[48 + t.getIdx()] = uint8_t(rows);
+  };
+  for (int i = 0; i < 2; ++i) {
+    set(tmm_c[i], kRows, 4 * key_.tokens);
+    set(tmm_a[i], kRows, 64);
+    set(tmm_b[i], kRows, 4 * key_.tokens);
+  }
+  for (uint8_t b : cfg) db(b);
+  align(64);
+  dec_->emit_data();
+}
+
+// One block of n <= 16 rows over all of K, then its outputs.
+void TileBody::emit_rows(int n) {
+  phase("decode");
+  dec_->emit_constants();  // the previous block's transpose took the decoder's registers
+  if (rule_) rule_->begin_row();
+  if (rule_)
+    for (int r = 0; r < kRows; ++r) vxorps(tot(r), tot(r), tot(r));
+  for (const Tmm& c : tmm_c) tilezero(c);
+  cur_ = 0;
+  pending_ = false;
+  mov(reg_wk, reg_w);
+  mov(reg_xk, reg_x);
+  mov(reg_sk, rule_ ? rule_->row_cursor() : reg_s0);
+
+  const int block_bytes = dec_->block_bytes();
+  const int64_t nfull = key_.k / shape_.block;
+  const int tail = int(key_.k % shape_.block);
+  const int64_t iters = nfull / unroll_;
+  const int rem = int(nfull % unroll_);
+  auto set_disp = [&](int j) {
+    dw_ = j * block_bytes;
+    dx_ = int64_t(j) * shape_.block;
+    ds_ = j * scale_bytes();
+  };
+  if (iters > 0) {
+    Label l_k;
+    mov(reg_kb, iters);
+    L(l_k);
+    start_prefetch_span(int64_t(unroll_) * block_bytes);
+    for (int j = 0; j < unroll_; ++j) {
+      set_disp(j);
+      emit_block(j, shape_.block, n);
+    }
+    finish_prefetch_span(n);
+    set_disp(0);
+    add(reg_wk, unroll_ * block_bytes);
+    add(reg_xk, unroll_ * shape_.block / 32 * kTileBytes);
+    if (scale_bytes() > 0) add(reg_sk, unroll_ * scale_bytes());
+    dec(reg_kb);
+    jnz(l_k, T_NEAR);
+  }
+  start_prefetch_span(row_bytes_ - (nfull - rem) * block_bytes);
+  for (int j = 0; j < rem; ++j) {
+    set_disp(j);
+    emit_block(j, shape_.block, n);
+  }
+  if (tail > 0) {
+    phase("tail");
+    set_disp(rem);
+    emit_block(rem, tail, n);
+  }
+  finish_prefetch_span(n);
+  set_disp(0);
+  store_rows(n);
+}
+
+// n_elems (<= shape_.block) elements of block j from the cursors, for n rows.
+void TileBody::emit_block(int /*j*/, int n_elems, int n) {
+  for (int off = 0; off < n_elems; off += shape_.step)
+    emit_step(off, std::min(shape_.step, n_elems - off), n);
+  if (rule_ && pending_)
+    flush_group((n_elems - 1) / (shape_.block / shape_.groups), n);  // a partial block's last
+}
+
+// One decode step (cnt <= step elements from element `off` of the block) of n
+// rows, and its tile products; a scale group ends after its last vector.
+void TileBody::emit_step(int off, int cnt, int n) {
+  const bool direct = dec_->tile_direct() && n == kRows && cnt == shape_.step;
+  const int nv = (cnt + 31) / 32;  // vectors holding elements (natural order in each chunk)
+  while (pf_next_ <= dw_ + dec_->elem_byte(off) && pf_next_ < pf_span_) emit_prefetch(n);
+  if (!direct) {
+    if (cnt < shape_.step) set_tail_mask(cnt);
+    for (int r = 0; r < n; ++r) {
+      dec_->load_widen(Cursor{reg_wk, r * row_bytes_ + dw_}, off, cnt, regs_.w);
+      for (int v = 0; v < nv; ++v) vmovups(ptr[rsp + abuf_off(set_, v) + 64 * r], v_w(v));
+    }
+  }
+  phase("tdp");
+  const int group = shape_.block / shape_.groups;
+  for (int v = 0; v < nv; ++v) {
+    const Tmm& a = tmm_a[v % 2];
+    if (direct)
+      tileloadd(a, ptr[reg_wk + reg_rb + (dw_ + dec_->elem_byte(off + 32 * v))]);
+    else
+      tileloadd(a, ptr[rsp + reg_s64 + abuf_off(set_, v)]);
+    tileloadd(tmm_b[v % 2], ptr[reg_xk + reg_s64 + ((dx_ + off) / 32 + v) * kTileBytes]);
+    tdpbf16ps(tmm_c[cur_], a, tmm_b[v % 2]);
+    pending_ = true;
+    if (rule_ && (off + 32 * (v + 1)) % group == 0) flush_group((off + 32 * v) / group, n);
+  }
+  if (!direct) set_ ^= 1;
+  phase("decode");
+}
+
+// Group gi of the current block: C to memory, zeroed, and the rule's FMAs.
+void TileBody::flush_group(int gi, int n) {
+  phase("block-scale");
+  const int cb = cbuf_off(cur_);
+  tilestored(ptr[rsp + reg_s64 + cb], tmm_c[cur_]);
+  tilezero(tmm_c[cur_]);
+  std::vector<Xmm> totals;
+  for (int r = 0; r < kRows; ++r) totals.push_back(tot(r));
+  TileScaleBlock b;
+  b.c = Cursor{rsp, cb};
+  b.w = Cursor{reg_wk, dw_ + gi * (dec_->block_bytes() / shape_.groups)};
+  b.s = Cursor{reg_sk, ds_ + gi * (scale_bytes() / shape_.groups)};
+  b.row_bytes = row_bytes_;
+  b.rows = n;
+  b.totals = totals;
+  rule_->tile_apply(b);
+  cur_ ^= 1;
+  pending_ = false;
+  phase("decode");
+}
+
+// The block's n rows x M tokens into y[m * rows + r].
+void TileBody::store_rows(int n) {
+  phase("store");
+  if (!rule_) {
+    tilestored(ptr[rsp + reg_s64 + cbuf_off(0)], tmm_c[0]);
+    for (int r = 0; r < kRows; ++r) vmovups(tot(r), ptr[rsp + cbuf_off(0) + 64 * r]);
+  }
+  const float factor = dec_->total_factor();
+  if (factor != 1.0f) {
+    uint32_t bits;
+    std::memcpy(&bits, &factor, 4);
+    broadcast_u32(v_tmp(), bits, reg_tmp.cvt32());
+    for (int r = 0; r < kRows; ++r) vmulps(tot(r), tot(r), v_tmp());
+  }
+  transpose();  // tot(m): token m, lanes = rows
+  if (n < kRows) set_tail_mask(n);
+  const bool globals = dec_->row_globals();
+  if (globals) {
+    if (n < kRows)
+      vmovups(v_tmp() | k_tail | T_z, ptr[reg_g]);
+    else
+      vmovups(v_tmp(), ptr[reg_g]);
+  }
+  for (int m = 0; m < key_.tokens; ++m) {
+    if (globals) vmulps(tot(m), tot(m), v_tmp());
+    const Address dst = ptr[reg_y + m * key_.rows * 4];
+    if (n < kRows)
+      vmovups(dst | k_tail, tot(m));
+    else
+      vmovups(dst, tot(m));
+  }
+}
+
+// tot(r) lane t = X[r][t] -> tot(t) lane r = X[r][t], for the tokens of the
+// call: 32-bit and 64-bit interleaves, then a 4 x 4 transpose of 128-bit lanes.
+void TileBody::transpose() {
+  const int M = key_.tokens;
+  auto t = [](int i) { return Zmm(i); };  // stage 1 and 3 results: vectors 0-15
+  // Stage 1: t[2k] = rows 2k, 2k+1 interleaved (elements 0, 1 of each lane), t[2k+1] (elements 2, 3).
+  for (int k = 0; k < 8; ++k) {
+    vunpcklps(t(2 * k), tot(2 * k), tot(2 * k + 1));
+    if (M > 2) vunpckhps(t(2 * k + 1), tot(2 * k), tot(2 * k + 1));
+  }
+  // Stage 2: u[4k + j] (in tot) lane L = rows 4k..4k+3 of token 4L + j.
+  for (int k = 0; k < 4; ++k)
+    for (int h = 0; h < 2; ++h) {
+      if (2 * h >= M) continue;
+      vunpcklpd(tot(4 * k + 2 * h), t(4 * k + h), t(4 * k + h + 2));
+      if (2 * h + 1 < M) vunpckhpd(tot(4 * k + 2 * h + 1), t(4 * k + h), t(4 * k + h + 2));
+    }
+  // Stages 3 and 4: token 4L + j = lanes L of u[j], u[4 + j], u[8 + j], u[12 + j].
+  for (int j = 0; j < 4 && j < M; ++j) {
+    const Zmm v0 = t(4 * j), v1 = t(4 * j + 1), v2 = t(4 * j + 2), v3 = t(4 * j + 3);
+    vshuff32x4(v0, tot(j), tot(4 + j), 0x44);  // lanes 0, 1 of each
+    vshuff32x4(v1, tot(j), tot(4 + j), 0xEE);  // lanes 2, 3
+    vshuff32x4(v2, tot(8 + j), tot(12 + j), 0x44);
+    vshuff32x4(v3, tot(8 + j), tot(12 + j), 0xEE);
+    vshuff32x4(tot(j), v0, v2, 0x88);  // token j: lane 0 of each
+    if (4 + j < M) vshuff32x4(tot(4 + j), v0, v2, 0xDD);
+    if (8 + j < M) vshuff32x4(tot(8 + j), v1, v3, 0x88);
+    if (12 + j < M) vshuff32x4(tot(12 + j), v1, v3, 0xDD);
+  }
+}
+
+class TileKernel : public Kernel {
+ public:
+  explicit TileKernel(std::unique_ptr<TileBody> gen) : gen_(std::move(gen)) {
+    key_ = gen_->key();
+    fn_ = gen_->getCode<GemvFn>();
+    size_ = gen_->getSize();
+    for (const CodePhase& p : gen_->phases()) phases_.emplace_back(p.offset, p.name);
+  }
+
+ private:
+  std::unique_ptr<TileBody> gen_;
+};
+
+}  // namespace
+
+std::shared_ptr<const Kernel> generate_tile_kernel(const KernelKey& key, std::unique_ptr<Decoder> dec,
+                                                   std::string* err) {
+  std::unique_ptr<TileBody> gen(new TileBody(key, std::move(dec)));
+  if (Xbyak::GetError() == Xbyak::ERR_CANT_ALLOC) {
+    Xbyak::ClearError();
+    throw std::bad_alloc();
+  }
+  if (!gen->generate(err)) return nullptr;
+  return std::make_shared<TileKernel>(std::move(gen));
+}
+
+}  // namespace moejit::jit

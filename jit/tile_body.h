@@ -1,0 +1,23 @@
+// The tile (AMX) body (avx512_amx): tdpbf16ps over blocks of 16 weight rows
+// and up to 16 tokens, around the format's Decoder.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "jit/decoder.h"
+#include "jit/gemv.h"
+
+namespace moejit::jit {
+
+// Tokens one tile kernel call takes: the 16 dword columns of a B tile. Every
+// token count 1..16 runs the same tile arithmetic per token (batch invariance).
+constexpr int kTileTokens = 16;
+
+// Whether the tile body has a tier.
+inline bool tile_body_has_tier(Isa isa) { return isa == Isa::avx512_amx; }
+// Generates `key`'s kernel around `dec` (the key's decoder). nullptr and *err on failure.
+std::shared_ptr<const Kernel> generate_tile_kernel(const KernelKey& key, std::unique_ptr<Decoder> dec,
+                                                   std::string* err);
+
+}  // namespace moejit::jit

@@ -1,0 +1,194 @@
+// Shared by the jit/ white-box suites (test_jit.cpp, test_jit_tiles.cpp):
+// the code paths to test, random banks with padded and poisoned scale rows,
+// prepared activations and a float64 reference check.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "formats/formats.h"
+#include "jit/cpu.h"
+#include "jit/gemv.h"
+#include "rng.h"
+
+namespace jit_test {
+
+using moejit::formats::Format;
+using moejit::formats::ScaleDtype;
+namespace jit = moejit::jit;
+namespace fmt = moejit::formats;
+
+struct Variant {
+  jit::Isa isa;
+  uint32_t flags;
+  const char* name;
+};
+
+// Every generated code path: tiers, plus the no-VBMI e4m3 decode of avx512_bf16.
+inline const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
+                                    {jit::Isa::avx512, 0, "avx512"},
+                                    {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
+                                    {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"},
+                                    {jit::Isa::avx512_amx, 0, "avx512_amx"}};
+
+// The tier has kernels of its own for the format (avx512_amx: the formats with
+// a tile decode) and this CPU runs them.
+inline bool variant_available(const Variant& v, Format f) {
+  if (!jit::isa_available(v.isa)) return false;
+  if (jit::kernel_isa(v.isa, f, fmt::default_group(f, 0), v.flags) != v.isa) return false;
+  if (jit::needs_vbmi(v.isa, f, v.flags)) return jit::host_features().avx512_vbmi;
+  return true;
+}
+
+// Prepared activations for one kernel: `tokens` tokens in slots c0.. of a
+// buffer (per-token vectors of x_stride(k) elements, or 16-slot tile blocks).
+// Slots before c0 and after the tokens are poisoned with NaN (bf16 0x7FC0 or
+// fp32 0x7FC07FC0) that must not reach the results.
+inline std::vector<uint8_t> prepare_x(const jit::KernelKey& key, const std::vector<float>& x, int c0 = 0) {
+  const jit::XPrep prep = jit::x_prep(key.isa, key.format, key.flags);
+  const int64_t slots = prep.tiled() ? (c0 + key.tokens + 15) / 16 * 16 : c0 + key.tokens;
+  std::vector<uint8_t> buf(size_t(prep.buffer_bytes(key.k, slots)), 0);
+  std::vector<float> nan(size_t(key.k), std::numeric_limits<float>::quiet_NaN());
+  for (int64_t s = 0; s < slots; ++s) {
+    const bool token = s >= c0 && s < c0 + key.tokens;
+    prep.store_slot(buf.data(), s, key.k, 0, token ? x.data() + size_t(s - c0) * size_t(key.k) : nan.data(),
+                    key.k);
+  }
+  return buf;
+}
+
+struct Bank {
+  fmt::Layout layout;
+  std::vector<uint8_t> w;
+  std::vector<uint8_t> scales;
+  std::vector<float> row_scales;  // nvfp4 per-row globals
+  fmt::MatrixRef ref() const {
+    return {w.data(), scales.empty() ? nullptr : scales.data(),
+            row_scales.empty() ? nullptr : row_scales.data(), 0};
+  }
+};
+
+// Random bank with padded, NaN-poisoned scale rows.
+inline bool is_mx8(Format f) {
+  return f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2 || f == Format::mxfp4;
+}
+
+inline Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, moejit_test::Rng& rng,
+                      int group = 128) {
+  Bank b;
+  b.layout.format = f;
+  b.layout.scale_dtype = sdt;
+  b.layout.group = group;
+  b.layout.rows = rows;
+  b.layout.k = k;
+  const int64_t cols = fmt::scale_cols(f, group, k);
+  b.layout.scale_stride = cols + 3;
+  b.w.resize(size_t(fmt::row_bytes(f, k) * rows));
+  for (size_t i = 0; i < b.w.size(); ++i) b.w[i] = uint8_t(rng());
+  if (f == Format::bf16)  // finite bf16 values in a sane range
+    for (size_t i = 1; i < b.w.size(); i += 2) b.w[i] = uint8_t((rng() & 0x80) | (0x3A + rng() % 6));
+  if (f == Format::q4_0 || f == Format::q8_0) {  // finite fp16 d at the start of every block
+    const int bb = f == Format::q4_0 ? 18 : 34;
+    for (size_t blk = 0; blk < b.w.size() / size_t(bb); ++blk) {
+      const uint16_t d = uint16_t((rng() & 0x8000) | ((10 + rng() % 8) << 10) | (rng() & 0x3FF));
+      b.w[blk * size_t(bb)] = uint8_t(d & 0xFF);
+      b.w[blk * size_t(bb) + 1] = uint8_t(d >> 8);
+    }
+  }
+  if (f == Format::mxfp8_e5m2)  // finite codes only here (inf/NaN codes have their own test)
+    for (auto& w : b.w)
+      if ((w & 0x7C) == 0x7C) w &= 0xBB;
+  if (f == Format::nvfp4) {  // e4m3 block scales (padding: 480, the largest code), per-row globals
+    b.scales.assign(size_t(rows * b.layout.scale_stride), 0x7F);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) b.scales[size_t(r * b.layout.scale_stride + c)] = uint8_t(rng());
+    for (int64_t r = 0; r < rows; ++r)
+      b.row_scales.push_back(std::ldexp(1.0f + float(rng() % 1000) / 1000.0f, -3));
+  }
+  if (is_mx8(f)) {
+    b.scales.assign(size_t(rows * b.layout.scale_stride), 0xFF);  // e8m0 NaN padding
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        b.scales[size_t(r * b.layout.scale_stride + c)] = uint8_t(118 + rng() % 16);
+  }
+  if (f == Format::fp8_block) {
+    const int64_t srows = fmt::scale_rows(f, rows);
+    const size_t eb = sdt == ScaleDtype::f32 ? 4 : 2;
+    b.scales.assign(size_t(srows * b.layout.scale_stride) * eb, 0xFF);  // NaN padding
+    for (int64_t r = 0; r < srows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = std::ldexp(1.0f + float(rng() % 64) / 64.0f, -8 + int(rng() % 4));
+        if (sdt == ScaleDtype::f32)
+          reinterpret_cast<float*>(b.scales.data())[r * b.layout.scale_stride + c] = v;
+        else
+          reinterpret_cast<uint16_t*>(b.scales.data())[r * b.layout.scale_stride + c] = fmt::f32_to_bf16(v);
+      }
+  }
+  return b;
+}
+
+// Runs one kernel on rows [0, key.rows) of the bank (weights at `w` if given),
+// its tokens from slot c0 of the prepared x.
+inline std::vector<float> run_kernel(const jit::Kernel& kern, const Bank& b, const std::vector<float>& x,
+                                     int c0 = 0, const uint8_t* w = nullptr) {
+  const jit::KernelKey& key = kern.key();
+  std::vector<uint8_t> xp = prepare_x(key, x, c0);
+  std::vector<float> y(size_t(key.rows) * size_t(key.tokens), -12345.0f);
+  jit::GemvArgs a{};
+  a.w = w ? w : b.w.data();
+  a.scales = b.scales.empty() ? nullptr : b.scales.data();
+  a.row_scales = b.row_scales.empty() ? nullptr : b.row_scales.data();
+  a.x = jit::x_prep(key.isa, key.format, key.flags).slot_ptr(xp.data(), key.k, c0);
+  a.y = y.data();
+  a.w_prefetch = b.w.data();
+  kern.fn()(&a);
+  return y;
+}
+
+inline jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k, int rows, int tokens,
+                               int group = 128, int64_t stride = 0) {
+  jit::KernelKey key;
+  if (is_mx8(f) || f == Format::nvfp4) {
+    key.group = f == Format::nvfp4 ? 16 : group;
+    key.scale_stride = stride;
+  }
+  key.format = f;
+  key.k = k;
+  key.rows = rows;
+  key.tokens = tokens;
+  key.scale_dtype = f == Format::fp8_block ? int32_t(sdt) : 0;
+  key.isa = v.isa;
+  key.flags = v.flags;
+  return key;
+}
+
+// Runs one kernel on random bf16 activations and checks every output against
+// float64 from formats::weight, with the summation bound 2^-24 (K + 64) sum|w x|.
+inline void expect_matches_reference(const jit::Kernel& kern, const Bank& b, moejit_test::Rng& rng) {
+  const jit::KernelKey& key = kern.key();
+  const int k = key.k, rows = key.rows, tokens = key.tokens;
+  std::vector<float> x(size_t(tokens) * size_t(k));
+  for (float& e : x) e = fmt::round_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
+  const std::vector<float> y = run_kernel(kern, b, x);
+  for (int m = 0; m < tokens; ++m)
+    for (int r = 0; r < rows; ++r) {
+      double ref = 0.0, mag = 0.0;
+      for (int kk = 0; kk < k; ++kk) {
+        const double p =
+            fmt::weight(b.layout, b.ref(), r, kk) * double(x[size_t(m) * size_t(k) + size_t(kk)]);
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double got = y[size_t(m) * size_t(rows) + size_t(r)];
+      ASSERT_LE(std::fabs(got - ref), std::ldexp(1.0, -24) * (k + 64) * mag)
+          << key.name() << " token " << m << " row " << r << " got " << got << " want " << ref;
+    }
+}
+
+}  // namespace jit_test

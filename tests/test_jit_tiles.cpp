@@ -1,0 +1,229 @@
+// The tile kernels of avx512_amx (jit/tile_body.cpp), called directly: every
+// format with a tile decode against float64 for K and row tails and tokens
+// 1..16 from any slot of a 16-slot block (the other slots NaN), the same bits
+// for a token whatever the token count and slot (batch invariance), no read
+// past a matrix's last byte (a guard page), and the tile unit in the code.
+// Without AMX (or the OS's permission for tile data) they skip, saying why.
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "jit/kernel_cache.h"
+#include "jit/kernel_dump.h"
+#include "jit/tile_body.h"
+#include "jit_test_util.h"
+
+namespace {
+
+using namespace jit_test;
+
+const Variant kAmx = {jit::Isa::avx512_amx, 0, "avx512_amx"};
+
+// The formats with tile kernels, each with a group it takes.
+struct TileFormat {
+  Format f;
+  int group;
+  ScaleDtype sdt = ScaleDtype::bf16;
+};
+const TileFormat kTileFormats[] = {
+    {Format::bf16, 0},        {Format::fp8_block, 128}, {Format::fp8_block, 128, ScaleDtype::f32},
+    {Format::mxfp8_e4m3, 32}, {Format::mxfp8_e4m3, 64}, {Format::mxfp8_e5m2, 128},
+    {Format::mxfp8_e5m2, 32}, {Format::q8_0, 32}};
+
+std::string amx_missing() {
+  if (jit::isa_available(jit::Isa::avx512_amx)) return "";
+  return std::string("this CPU has no avx512_amx tier: ") + jit::host_features().tile_data_note;
+}
+
+bool k_ok(const TileFormat& t, int k) {
+  const char* why = nullptr;
+  return fmt::k_is_valid(t.f, t.group, k, &why);
+}
+
+jit::KernelKey tile_key(const TileFormat& t, int k, int rows, int tokens, const Bank& b) {
+  jit::KernelKey key = make_key(kAmx, t.f, t.sdt, k, rows, tokens, t.group, b.layout.scale_stride);
+  if (t.f == Format::q8_0) key.group = 32;
+  return key;
+}
+
+std::vector<float> random_x(int tokens, int k, moejit_test::Rng& rng) {
+  std::vector<float> x(size_t(tokens) * size_t(k));
+  for (float& e : x) e = fmt::round_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
+  return x;
+}
+
+// Checks y (from x) against float64, the bound of expect_matches_reference.
+void expect_float64(const jit::KernelKey& key, const Bank& b, const std::vector<float>& x,
+                    const std::vector<float>& y, const std::string& what) {
+  for (int m = 0; m < key.tokens; ++m)
+    for (int r = 0; r < key.rows; ++r) {
+      double ref = 0.0, mag = 0.0;
+      for (int kk = 0; kk < key.k; ++kk) {
+        const double p =
+            fmt::weight(b.layout, b.ref(), r, kk) * double(x[size_t(m) * size_t(key.k) + size_t(kk)]);
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double got = y[size_t(m) * size_t(key.rows) + size_t(r)];
+      ASSERT_LE(std::fabs(got - ref), std::ldexp(1.0, -24) * (key.k + 64) * mag)
+          << key.name() << " " << what << " token " << m << " row " << r << " got " << got << " want " << ref;
+    }
+}
+
+TEST(TileKernels, MatchFloat64ReferenceFromAnySlot) {
+  if (!amx_missing().empty()) GTEST_SKIP() << amx_missing();
+  moejit_test::Rng rng(151);
+  int checked = 0;
+  for (const TileFormat& t : kTileFormats)
+    for (int k : {1, 31, 32, 33, 64, 100, 128, 160, 256, 384, 1000, 2048}) {
+      if (!k_ok(t, k)) continue;
+      for (int rows : {1, 5, 16, 17, 40, 128}) {
+        for (int tokens : {1, 2, 7, 16}) {
+          Bank b = make_bank(t.f, t.sdt, rows, k, rng, t.group ? t.group : 128);
+          const jit::KernelKey key = tile_key(t, k, rows, tokens, b);
+          std::string err;
+          auto kern = jit::global_cache().get(key, &err);
+          ASSERT_TRUE(kern) << key.name() << ": " << err;
+          ASSERT_EQ(kern->key().isa, jit::Isa::avx512_amx);
+          const std::vector<float> x = random_x(tokens, k, rng);
+          for (int c0 : {0, 16 - tokens}) {
+            expect_float64(key, b, x, run_kernel(*kern, b, x, c0), "slot " + std::to_string(c0));
+            if (HasFatalFailure()) return;
+          }
+          ++checked;
+        }
+      }
+    }
+  EXPECT_GT(checked, 300);
+}
+
+// Token j's outputs have the same bits in a call of 1..16 tokens, from any
+// slot: the tile arithmetic of a (row, token) never sees the other tokens.
+TEST(TileKernels, EveryTokenCountGivesTheSameBits) {
+  if (!amx_missing().empty()) GTEST_SKIP() << amx_missing();
+  moejit_test::Rng rng(152);
+  for (const TileFormat& t : kTileFormats) {
+    const int k = t.f == Format::bf16 || t.f == Format::fp8_block ? 1000 : 1024, rows = 21;
+    Bank b = make_bank(t.f, t.sdt, rows, k, rng, t.group ? t.group : 128);
+    const std::vector<float> x = random_x(16, k, rng);
+    std::string err;
+    auto all = jit::global_cache().get(tile_key(t, k, rows, 16, b), &err);
+    ASSERT_TRUE(all) << err;
+    const std::vector<float> want = run_kernel(*all, b, x);
+    expect_float64(all->key(), b, x, want, "16 tokens");
+    for (int tokens = 1; tokens <= 16; ++tokens) {
+      auto kern = jit::global_cache().get(tile_key(t, k, rows, tokens, b), &err);
+      ASSERT_TRUE(kern) << err;
+      for (int first = 0; first + tokens <= 16; first += std::max(1, tokens / 2)) {
+        // tokens first.. of x, in slots first.. of the block
+        const std::vector<float> xs(x.begin() + first * k, x.begin() + (first + tokens) * k);
+        const std::vector<float> y = run_kernel(*kern, b, xs, first);
+        for (int m = 0; m < tokens; ++m)
+          for (int r = 0; r < rows; ++r)
+            ASSERT_EQ(std::memcmp(&y[size_t(m * rows + r)], &want[size_t((first + m) * rows + r)], 4), 0)
+                << kern->key().name() << " token " << first + m << " row " << r << " alone in a call of "
+                << tokens << " from slot " << first;
+      }
+    }
+  }
+}
+
+// Memory whose last byte is followed by a page the process may not read.
+class Guarded {
+ public:
+  explicit Guarded(size_t bytes) {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    len_ = (bytes + page - 1) / page * page + page;
+    base_ = static_cast<uint8_t*>(
+        mmap(nullptr, len_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (base_ == MAP_FAILED) base_ = nullptr;
+    if (base_) mprotect(base_ + len_ - page, page, PROT_NONE);
+    data_ = base_ ? base_ + len_ - page - bytes : nullptr;
+  }
+  ~Guarded() {
+    if (base_) munmap(base_, len_);
+  }
+  uint8_t* data() const { return data_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  uint8_t* data_ = nullptr;
+  size_t len_ = 0;
+};
+
+// Row tails (the last row block's missing rows) and K tails (the last row's
+// end) read nothing past the matrix: the weights end at a guard page, and so
+// do the scales of the formats with one scale row per weight row.
+TEST(TileKernels, NeverReadPastTheMatrix) {
+  if (!amx_missing().empty()) GTEST_SKIP() << amx_missing();
+  moejit_test::Rng rng(153);
+  for (const TileFormat& t : kTileFormats)
+    for (int k : {33, 100, 1000, 1024}) {
+      if (!k_ok(t, k)) continue;
+      for (int rows : {3, 16, 29}) {
+        Bank b = make_bank(t.f, t.sdt, rows, k, rng, t.group ? t.group : 128);
+        const bool own_scales = t.f == Format::mxfp8_e4m3 || t.f == Format::mxfp8_e5m2;
+        if (own_scales) {  // dense scale rows, so the last row's last group is the tensor's last byte
+          b.layout.scale_stride = k / t.group;
+          b.scales.assign(size_t(rows * k / t.group), 0);
+          for (auto& s : b.scales) s = uint8_t(118 + rng() % 16);
+        }
+        const jit::KernelKey key = tile_key(t, k, rows, 3, b);
+        std::string err;
+        auto kern = jit::global_cache().get(key, &err);
+        ASSERT_TRUE(kern) << key.name() << ": " << err;
+        Guarded w(b.w.size()), s(b.scales.size());
+        ASSERT_TRUE(w.data() && s.data());
+        std::memcpy(w.data(), b.w.data(), b.w.size());
+        std::memcpy(s.data(), b.scales.data(), b.scales.size());
+        const std::vector<float> x = random_x(3, k, rng);
+        std::vector<uint8_t> xp = prepare_x(key, x);
+        std::vector<float> y(size_t(rows) * 3);
+        jit::GemvArgs a{};
+        a.w = w.data();
+        a.scales = b.scales.empty() ? nullptr : s.data();
+        a.x = xp.data();
+        a.y = y.data();
+        a.w_prefetch = w.data();
+        kern->fn()(&a);
+        expect_float64(key, b, x, y, "guarded");
+        if (HasFatalFailure()) return;
+      }
+    }
+}
+
+// The formats with a tile decode run tile kernels on avx512_amx (the plan's
+// kernel_isa), and those kernels configure, use and release the tile unit.
+TEST(TileKernels, UseTheTileUnit) {
+  for (const TileFormat& t : kTileFormats)
+    EXPECT_EQ(jit::kernel_isa(jit::Isa::avx512_amx, t.f, t.group), jit::Isa::avx512_amx)
+        << fmt::format_name(t.f) << " g" << t.group << " has no tile kernels";
+  for (Format f : {Format::mxfp4, Format::nvfp4, Format::q4_0})
+    EXPECT_EQ(jit::kernel_isa(jit::Isa::avx512_amx, f, fmt::default_group(f, 0)), jit::Isa::avx512_bf16)
+        << fmt::format_name(f) << ": docs/FORMATS.md says it runs the avx512_bf16 kernels on avx512_amx";
+  if (!amx_missing().empty()) GTEST_SKIP() << amx_missing();
+  moejit_test::Rng rng(154);
+  for (const TileFormat& t : kTileFormats) {
+    Bank b = make_bank(t.f, t.sdt, 20, 1024, rng, t.group ? t.group : 128);
+    std::string err;
+    auto kern = jit::global_cache().get(tile_key(t, 1024, 20, 4, b), &err);
+    ASSERT_TRUE(kern) << err;
+    bool tdp = false;
+    for (const auto& p : kern->phases()) tdp |= p.second == "tdp";
+    EXPECT_TRUE(tdp) << kern->key().name() << " has no tdp phase";
+    if (!jit::disassembler_available()) continue;
+    std::string listing;
+    ASSERT_TRUE(jit::kernel_listing(*kern, &listing, &err)) << err;
+    for (const char* m : {"ldtilecfg", "tileloadd", "tdpbf16ps", "tilerelease"})
+      EXPECT_NE(listing.find(m), std::string::npos) << kern->key().name() << " does not use " << m;
+    EXPECT_EQ(listing.find("vdpbf16ps"), std::string::npos) << kern->key().name();
+  }
+}
+
+}  // namespace
