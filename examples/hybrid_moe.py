@@ -39,6 +39,9 @@ The model's inputs, each measured alone before the cases (or given):
     (x to the host, submit, wait, y to the GPU and the add);
   - fetch_chunk_bytes: --chunk experts, the copies the GPU waits for.
 
+``--replay RUN.json`` recomputes the model from a run's inputs and prints it next to
+that run's measurements (docs/PERFORMANCE.md); it needs neither torch nor a GPU.
+
 Everything but the GPU part is importable and runs without torch: the routing
 split, the CPU path and the model (tests/python/test_hybrid_example.py), and
 ``--plan-only`` prints the model's table from a profile without a GPU.
@@ -477,6 +480,119 @@ def model_right(measured_ms: dict, pick: str, tolerance: float = 0.10) -> bool:
     way measured."""
     best = min(measured_ms[k] for k in WAYS)
     return measured_ms[PICK_WAY[pick]] <= best * (1 + tolerance)
+
+
+# ---------------------------------------------------------------------------------------------
+# --replay: the model recomputed from a run's inputs, beside its measurements
+# ---------------------------------------------------------------------------------------------
+
+
+def replay_inputs(run: dict) -> dict[int, dict]:
+    """The model's inputs per token count from a run's JSON, as the run measured them. A run
+    from before gpu_call_s (hybrid_run2) timed no call with one resident expert: its line goes
+    through the case with the fewest resident experts (its highest miss rate) instead, and the
+    every-expert-resident time; source says which."""
+    geo = run["geometry"]
+    eb = geo["expert_bytes"]
+    out = {}
+    for key, pt in run["inputs"]["per_tokens"].items():
+        t = int(key)
+        i = {k: pt[k] for k in ("cpu_gbps", "dram_gbps", "cpu_overhead_s")}
+        i["fetch_chunk_bytes"] = pt.get("fetch_chunk_bytes", run["settings"]["chunk"] * eb)
+        if "gpu_call_s" in pt:
+            i.update({k: pt[k] for k in ("gpu_gbps", "gpu_call_s", "gpu_fetch_gbps")})
+            i["source"] = "the run's inputs"
+        else:
+            few = min((r for r in run["rows"] if r["tokens"] == t), key=lambda r: r["resident_experts"])
+            n_all = pt.get("distinct_experts") or expected_distinct(t, geo["experts"], geo["top_k"])
+            i.update(gpu_line(eb, few["resident_experts"], few["measured_ms"]["gpu_resident"] / 1e3, n_all,
+                              pt["gpu_resident_call_s"], pt["gpu_fetched_call_s"]))
+            i["source"] = (f"gpu_call_s, gpu_gbps: the line through the run's GPU resident time at miss "
+                           f"{few['miss_rate']:g} and with every expert resident; gpu_fetch_gbps past gpu_call_s")
+        out[t] = i
+    return out
+
+
+def replay(run: dict) -> list[dict]:
+    """Per case of a run: its measurements, its own model (as it ran) and the model recomputed
+    from its inputs (replay_inputs): the times at the case's measured expert counts, the
+    hybrid way at the share f the run measured it at, and the pick at the expected counts (what
+    the run would have served as (c))."""
+    geo = run["geometry"]
+    eb = geo["expert_bytes"]
+    pcie = run["inputs"]["pcie_gbs"]
+    inputs = replay_inputs(run)
+    rows = []
+    for r in run["rows"]:
+        t, mr, ms = r["tokens"], r["miss_rate"], r["measured_ms"]
+        c = inputs[t]
+        distinct = expected_distinct(t, geo["experts"], geo["top_k"])
+        plan = predict(mr * distinct, (1 - mr) * distinct, eb, c, pcie)
+        model = predict(r["missed_experts"], r["resident_experts"], eb, c, pcie)
+        f_run = r["cpu_fraction_run"]
+        pred = model_ms(model)
+        if 0 < f_run < 1:
+            pred["hybrid"] = 1e3 * split_time(model, c["cpu_overhead_s"], c["gpu_call_s"], f_run)
+        else:
+            pred["hybrid"] = pred["cpu"] if f_run >= 1 else pred["fetch"]
+        keys = ("gpu_resident",) + WAYS
+        rows.append({
+            "tokens": t, "miss_rate": mr, "missed_experts": r["missed_experts"],
+            "resident_experts": r["resident_experts"], "measured_ms": {k: ms[k] for k in keys},
+            "cpu_fraction_run": f_run, "fastest": r["fastest"],
+            "old": {"ms": {k: r["model_ms"][k] for k in keys}, "error": {k: r["model_error"][k] for k in keys},
+                    "cpu_fraction": r["model"]["cpu_fraction"], "pick": r["pick_run"], "right": r["model_right"]},
+            "new": {"ms": pred, "error": {k: pred[k] / ms[k] - 1 for k in keys}, "pick": plan["best"],
+                    "cpu_fraction": plan["cpu_fraction"], "pick_ms": 1e3 * plan["best_s"],
+                    "right": model_right(ms, plan["best"]),
+                    # the pick is a hybrid split other than the one the run measured
+                    "unmeasured_split": plan["best"] == "hybrid" and abs(plan["cpu_fraction"] - f_run) > 0.05},
+            "inputs": c})
+    return rows
+
+
+def _errs(e: dict) -> str:
+    return " / ".join(f"{100 * e[k]:+.0f}" for k in ("gpu_resident",) + WAYS)
+
+
+def replay_tables(rows: list[dict]) -> str:
+    """Markdown: the measurements, the run's model, the recomputed model, and a summary."""
+    def table(head, cells):
+        return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                         + ["| " + " | ".join(c) + " |" for c in cells])
+
+    case = lambda r: [str(r["tokens"]), f"{100 * r['miss_rate']:.0f}"]  # noqa: E731
+    out = ["Measured (medians):", "", table(
+        ["tokens", "miss %", "missed experts", "resident experts", "GPU resident ms", "(a) fetch ms", "(b) cpu ms",
+         "hybrid ms (f)", "fastest"],
+        [case(r) + [f"{r['missed_experts']:.1f}", f"{r['resident_experts']:.1f}"]
+         + [f"{r['measured_ms'][k]:.2f}" for k in ("gpu_resident", "fetch", "cpu")]
+         + [f"{r['measured_ms']['hybrid']:.2f} ({r['cpu_fraction_run']:.2f})", r["fastest"]] for r in rows])]
+    out += ["", "The run's model (at the measured expert counts; hybrid at its own f):", "", table(
+        ["tokens", "miss %", "GPU resident ms", "fetch ms", "cpu ms", "hybrid ms (f)", "error % (res/a/b/hyb)",
+         "picks", "right"],
+        [case(r) + [f"{r['old']['ms'][k]:.2f}" for k in ("gpu_resident", "fetch", "cpu")]
+         + [f"{r['old']['ms']['hybrid']:.2f} ({r['old']['cpu_fraction']:.2f})", _errs(r["old"]["error"]),
+            r["old"]["pick"], "yes" if r["old"]["right"] else "no"] for r in rows])]
+    out += ["", "The model recomputed from the run's inputs (at the measured expert counts; hybrid at the run's "
+                "f; the pick at the expected counts, as the run would serve it):", "", table(
+        ["tokens", "miss %", "GPU resident ms", "fetch ms", "cpu ms", "hybrid ms at the run's f",
+         "error % (res/a/b/hyb)", "picks (f) ms", "right"],
+        [case(r) + [f"{r['new']['ms'][k]:.2f}" for k in ("gpu_resident", "fetch", "cpu", "hybrid")]
+         + [_errs(r["new"]["error"]),
+            f"{r['new']['pick']}" + (f" ({r['new']['cpu_fraction']:.2f})" if r["new"]["pick"] == "hybrid" else "")
+            + f" {r['new']['pick_ms']:.2f}",
+            ("yes" if r["new"]["right"] else "no") + ("*" if r["new"]["unmeasured_split"] else "")] for r in rows])]
+    lines = []
+    for name in ("old", "new"):
+        e = {k: [abs(r[name]["error"][k]) for r in rows] for k in ("gpu_resident",) + WAYS}
+        lines.append(f"- {name}: mean |error| " + ", ".join(
+            f"{k} {100 * sum(v) / len(v):.0f}% (max {100 * max(v):.0f}%)" for k, v in e.items())
+            + f"; picks right {sum(r[name]['right'] for r in rows)} of {len(rows)}")
+    if any(r["new"]["unmeasured_split"] for r in rows):
+        lines.append("- *: the pick is a hybrid split more than 0.05 from the one the run measured; judged "
+                     "by the run's hybrid time")
+    return "\n".join(out + [""] + lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -994,6 +1110,9 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan-only", action="store_true",
                    help="no GPU: print the model's table from --profile and --pcie-gbs")
+    p.add_argument("--replay", metavar="RUN_JSON",
+                   help="no GPU: recompute the model from a run's --out JSON and print it beside the run's "
+                        "measurements and the run's own model")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: run the GPU side with torch on the CPU (checks the code; its times mean nothing)")
     p.add_argument("--out", help="write every number as JSON here")
@@ -1073,6 +1192,13 @@ def main(argv=None) -> int:
     ebytes = expert_bytes(a.hidden, a.intermediate)
     geometry = {"hidden": a.hidden, "intermediate": a.intermediate, "experts": a.experts, "top_k": a.top_k,
                 "format": "fp8_block", "expert_bytes": ebytes}
+    if a.replay:
+        with open(a.replay) as f:
+            run = json.load(f)
+        rows = replay(run)
+        print(replay_tables(rows))
+        write_json(a.out, {"replay_of": a.replay, "rows": rows})
+        return 0
     if a.plan_only:
         inputs = cpu_inputs_from_profile(a.profile, a.tokens)
         for k, v in gpu_inputs_given(a).items():

@@ -382,6 +382,54 @@ def test_measure_gpu_inputs_with_a_fake_gpu(rng, monkeypatch):
     assert g["gpu_resident_call_s"] == pytest.approx(1e-3 + 2e-4 * g["distinct_experts"])
 
 
+RUN2 = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "runs", "hybrid_run2.json")
+
+
+def test_replay_of_the_h200_run(tmp_path, capsys):
+    """docs/PERFORMANCE.md's "Hybrid GPU + CPU (Xeon + H200)": the model recomputed from that run's
+    inputs, its errors and picks against the run's own model's."""
+    run = json.load(open(RUN2))
+    inputs = hm.replay_inputs(run)
+    # The run timed no call with one resident expert: the line through its 75% case and every expert.
+    i16 = inputs[16]
+    assert "miss 0.75" in i16["source"]
+    assert i16["gpu_call_s"] == pytest.approx(0.808e-3, abs=1e-6) and i16["gpu_gbps"] == pytest.approx(1549, abs=1)
+    assert i16["gpu_fetch_gbps"] == pytest.approx(138.4, abs=0.1) and i16["fetch_chunk_bytes"] == 8 * 44_045_568
+    assert inputs[1]["gpu_gbps"] == INF  # one token: the GPU time does not grow with the experts
+    # moejit-bench's defaults are this run's 16-token figures.
+    for name, value in (("gpu_call_s", hm.DEFAULT_GPU_CALL_S), ("cpu_overhead_s", hm.DEFAULT_CPU_OVERHEAD_S)):
+        assert i16[name] == pytest.approx(value, abs=5e-6), name
+    for name, value in (("gpu_gbps", hm.DEFAULT_GPU_GBPS), ("gpu_fetch_gbps", hm.DEFAULT_GPU_FETCH_GBPS)):
+        assert i16[name] == pytest.approx(value, rel=0.01), name
+    rows = hm.replay(run)
+    assert len(rows) == 12
+    for r, orig in zip(rows, run["rows"]):
+        assert r["old"]["error"]["hybrid"] == orig["model_error"]["hybrid"] and r["old"]["pick"] == orig["pick_run"]
+        # The recomputed times are the model's at the case's measured counts, the hybrid at the run's f.
+        m = hm.predict(orig["missed_experts"], orig["resident_experts"], 44_045_568, inputs[r["tokens"]],
+                       run["inputs"]["pcie_gbs"])
+        assert r["new"]["ms"]["cpu"] == pytest.approx(1e3 * m["cpu_s"])
+        c = inputs[r["tokens"]]
+        assert r["new"]["ms"]["hybrid"] == pytest.approx(
+            1e3 * hm.split_time(m, c["cpu_overhead_s"], c["gpu_call_s"], orig["cpu_fraction_run"]))
+
+    def mean_abs(name, way):
+        return sum(abs(r[name]["error"][way]) for r in rows) / len(rows)
+
+    for way in ("gpu_resident", "fetch", "cpu", "hybrid"):
+        assert mean_abs("new", way) < mean_abs("old", way), way
+    assert mean_abs("new", "gpu_resident") < 0.05 and mean_abs("new", "fetch") < 0.1
+    assert sum(r["new"]["right"] for r in rows) > sum(r["old"]["right"] for r in rows) == 10
+    one = {r["miss_rate"]: r["new"]["pick"] for r in rows if r["tokens"] == 1}
+    assert one[0.1] == one[0.25] == "cpu" and one[0.75] == "hybrid"
+    # --replay prints the three tables and writes the rows.
+    out = tmp_path / "replay.json"
+    assert hm.main(["--replay", RUN2, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("| tokens | miss % |") == 3 and "picks right 10 of 12" in text
+    assert len(json.loads(out.read_text())["rows"]) == 12
+
+
 def test_expected_missed():
     assert hm.expected_missed(1, 256, 8, 0.5) == pytest.approx(4.0)
     rng = np.random.default_rng(0)
@@ -591,3 +639,6 @@ def test_gpu_run_on_the_cpu(tmp_path, capsys):
         inputs = doc["inputs"]["per_tokens"][str(r["tokens"])]
         assert m == pytest.approx(hm.predict(r["missed_experts"], r["resident_experts"],
                                              doc["geometry"]["expert_bytes"], inputs, doc["inputs"]["pcie_gbs"]))
+    # A run with the one-expert times replays from its own inputs.
+    replayed = hm.replay(doc)
+    assert len(replayed) == 4 and all(r["inputs"]["source"] == "the run's inputs" for r in replayed)
