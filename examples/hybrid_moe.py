@@ -1176,8 +1176,8 @@ def gpu_inputs_given(a) -> dict:
             "cpu_overhead_s": us(a.cpu_overhead_us)}
 
 
-GPU_DEFAULTS = {"gpu_gbps": DEFAULT_GPU_GBPS, "gpu_call_s": DEFAULT_GPU_CALL_S, "gpu_fetch_gbps": DEFAULT_GPU_FETCH_GBPS,
-                "cpu_overhead_s": DEFAULT_CPU_OVERHEAD_S}
+GPU_DEFAULTS = {"gpu_gbps": DEFAULT_GPU_GBPS, "gpu_call_s": DEFAULT_GPU_CALL_S,
+                "gpu_fetch_gbps": DEFAULT_GPU_FETCH_GBPS, "cpu_overhead_s": DEFAULT_CPU_OVERHEAD_S}
 
 
 def bench_options(pcie_gbs: float, inputs: dict, chunk: int) -> str:
