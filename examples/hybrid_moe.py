@@ -27,13 +27,20 @@ number as JSON to ``--out``.
 
 The model's inputs, each measured alone before the cases (or given):
   - cpu_gbps per token count: moejit on cold experts (or --profile: a moejit-bench
-    --profile file of this machine, which also gives dram_gbps);
+    --profile file of this machine);
   - pcie_gbs: pinned host-to-GPU copies of 1 GiB;
-  - gpu_gbps and gpu_fetch_gbps per token count, GB/s of fp8 expert bytes: the GPU
-    computing a call's experts from the bf16 bank, and dequantizing them from fp8
-    staging then computing them (copies not timed), every expert resident;
+  - dram_gbps: moejit and the copy engine reading host DRAM at once;
+  - gpu_call_s and gpu_gbps per token count: the GPU computing, from the bf16 bank, a
+    call's routes to one expert and a call's routes to all its experts (every expert
+    resident): the line through the two, its fixed time and its GB/s of fp8 expert bytes;
+  - gpu_fetch_gbps per token count: the same call's experts dequantized from fp8 staging,
+    then computed (copies not timed), past gpu_call_s;
   - cpu_overhead_s per token count: a layer call whose CPU part has nothing to compute
-    (x to the host, submit, wait, y to the GPU and the add).
+    (x to the host, submit, wait, y to the GPU and the add);
+  - fetch_chunk_bytes: --chunk experts, the copies the GPU waits for.
+
+``--replay RUN.json`` recomputes the model from a run's inputs and prints it next to
+that run's measurements (docs/PERFORMANCE.md); it needs neither torch nor a GPU.
 
 Everything but the GPU part is importable and runs without torch: the routing
 split, the CPU path and the model (tests/python/test_hybrid_example.py), and
@@ -71,10 +78,13 @@ TOKENS = (1, 4, 16)
 # ---------------------------------------------------------------------------------------------
 
 
-# Defaults of moejit-bench's --gpu-gbs, --gpu-fetch-gbs, --cpu-overhead-us (tools/bench_model.h).
-DEFAULT_GPU_GBPS = 1500.0
-DEFAULT_GPU_FETCH_GBPS = 400.0
-DEFAULT_CPU_OVERHEAD_S = 1e-4
+# Defaults of moejit-bench's --gpu-gbs, --gpu-call-us, --gpu-fetch-gbs, --cpu-overhead-us and
+# --fetch-chunk-experts (tools/bench_model.h: H200 + Xeon, hybrid_run2, 16 tokens).
+DEFAULT_GPU_GBPS = 1550.0
+DEFAULT_GPU_CALL_S = 8.1e-4
+DEFAULT_GPU_FETCH_GBPS = 138.0
+DEFAULT_CPU_OVERHEAD_S = 8.2e-4
+DEFAULT_FETCH_CHUNK_EXPERTS = 8
 
 
 def _seconds(nbytes: float, gbps: float) -> float:
@@ -83,52 +93,86 @@ def _seconds(nbytes: float, gbps: float) -> float:
     return nbytes / (gbps * 1e9) if gbps > 0 else math.inf
 
 
+def _gpu_side(m: dict, call: float, g: float, fetch: float, chunk_fetch: float) -> float:
+    """G(g): the GPU side with a share g of the missing bytes fetched (tools/bench_model.h)."""
+    if g <= 0:
+        return m["gpu_resident_s"]
+    a, b, b1 = m["gpu_resident_s"], m["gpu_fetched_s"], m["chunk_gpu_fetched_s"]
+    return call + max(a + g * b, min(g * fetch, chunk_fetch) + g * b, g * fetch + min(g * b, b1))
+
+
 def model_backends(missing_bytes: float, resident_bytes: float, cpu_gbps: float, pcie_gbs: float,
                    dram_gbps: float, gpu_gbps: float, gpu_fetch_gbps: float, cpu_overhead_s: float,
-                   hybrid_margin: float = 0.10) -> dict:
+                   gpu_call_s: float, fetch_chunk_bytes: float, hybrid_margin: float = 0.10) -> dict:
     """Seconds per layer call on each way, as moejit-bench --profile computes them
     (tools/bench_model.h; docs/TOOLS.md). M = missing bytes, R = resident bytes; rates are
     GB/s of expert bytes; every way starts with x on the GPU and ends with y there:
 
-      gpu_resident = R / gpu_gbps (the GPU computes the experts it holds in every way)
-      (b) cpu    = max(gpu_resident, cpu_overhead + M / cpu_gbps)
-      (a) pcie   = max(gpu_resident, M / pcie_gbs) + M / gpu_fetch_gbps
-      (c) hybrid = max(cpu_overhead + f M / cpu_gbps,
-                       max(gpu_resident, (1 - f) M / pcie) + (1 - f) M / gpu_fetch)
-          at the f that balances the two sides, held at the DRAM floor
-          M / max(dram_gbps, pcie_gbs) (CPU and DMA read the same DRAM).
+      a = gpu_resident = gpu_call + R / gpu_gbps (0 without R): the GPU computes the experts
+          it holds in every way
+      c = M / cpu_gbps, P = M / pcie_gbs, B = M / gpu_fetch_gbps; p1, b1: the same for one
+          chunk of fetch_chunk_bytes (infinite when it is 0: one copy of everything)
+      G(g) = gpu_call + max(a + g B, min(g P, p1) + g B, g P + min(g B, b1)): the GPU side with
+          a share g of M fetched, the copies pipelined with the compute by chunks; G(0) = a
+      (b) cpu    = cpu_overhead + max(a, c): the x and y copies, submit and wait are in line
+      (a) pcie   = G(1)
+      (c) hybrid = cpu_overhead + max(f c / s, G(1 - f) with P and p1 / s) at the f that balances
+          the two sides; s = shared_rate = min(1, capacity / (cpu_gbps + pcie_gbs)), capacity =
+          max(dram_gbps, cpu_gbps, pcie_gbs): the CPU and the copy engine share host DRAM.
 
     hybrid is picked only when it beats the better single way by more than
     `hybrid_margin`. A rate of math.inf makes its term 0; cpu_gbps 0 makes the CPU
     ways infinite."""
     m = {"missing_bytes": max(0.0, missing_bytes), "resident_bytes": max(0.0, resident_bytes),
-         "gpu_resident_s": 0.0, "cpu_compute_s": 0.0, "fetch_s": 0.0, "gpu_fetched_s": 0.0, "cpu_s": 0.0,
-         "pcie_s": 0.0, "cpu_fraction": 0.0, "hybrid_ideal_s": 0.0, "dram_capacity_gbps": 0.0, "dram_floor_s": 0.0,
-         "hybrid_s": 0.0, "best": "none", "best_s": 0.0}
-    a = m["gpu_resident_s"] = _seconds(m["resident_bytes"], gpu_gbps)
+         "gpu_resident_s": 0.0, "cpu_compute_s": 0.0, "fetch_s": 0.0, "gpu_fetched_s": 0.0, "chunk_fetch_s": 0.0,
+         "chunk_gpu_fetched_s": 0.0, "cpu_s": 0.0, "pcie_s": 0.0, "shared_rate": 1.0, "cpu_fraction": 0.0,
+         "hybrid_ideal_s": 0.0, "dram_capacity_gbps": 0.0, "dram_floor_s": 0.0, "hybrid_s": 0.0, "best": "none",
+         "best_s": 0.0}
+    call, o = max(0.0, gpu_call_s), cpu_overhead_s
+    a = m["gpu_resident_s"] = call + _seconds(m["resident_bytes"], gpu_gbps) if m["resident_bytes"] > 0 else 0.0
     if m["missing_bytes"] <= 0:  # the layer is the GPU's resident compute
         for k in ("cpu_s", "pcie_s", "hybrid_ideal_s", "hybrid_s", "best_s"):
             m[k] = a
         return m
-    big_m, o = m["missing_bytes"], cpu_overhead_s
+    big_m = m["missing_bytes"]
     c = m["cpu_compute_s"] = _seconds(big_m, cpu_gbps)
     p = m["fetch_s"] = _seconds(big_m, pcie_gbs)
     b = m["gpu_fetched_s"] = _seconds(big_m, gpu_fetch_gbps)
-    m["cpu_s"] = max(a, o + c)
-    m["pcie_s"] = max(a, p) + b
-    if math.isfinite(c):
-        # The CPU side o + f c rises with f; the GPU side max(a + (1-f) b, (1-f)(p + b)) falls.
-        def meet(at0, slope):
-            den = c + slope
-            return (at0 - o) / den if den > 0 else 1.0
+    chunked = fetch_chunk_bytes > 0
+    p1 = m["chunk_fetch_s"] = _seconds(fetch_chunk_bytes, pcie_gbs) if chunked else math.inf
+    b1 = m["chunk_gpu_fetched_s"] = _seconds(fetch_chunk_bytes, gpu_fetch_gbps) if chunked else math.inf
+    m["cpu_s"] = o + max(a, c)
+    m["pcie_s"] = _gpu_side(m, call, 1.0, p, p1)
+    # CPU and DMA read the same DRAM: at least what each pulled alone; each gets its share of it.
+    cap = m["dram_capacity_gbps"] = max(dram_gbps, cpu_gbps, pcie_gbs)
+    total = cpu_gbps + pcie_gbs
+    k = m["shared_rate"] = cap / total if total > cap else 1.0
+    if math.isfinite(c) and math.isfinite(p + b):
+        # The CPU side f c' rises with f; the GPU side G(1-f) is the largest of three terms, each the
+        # smaller of two lines that fall with f. The balance: the largest of the terms' meeting points.
+        cs, ps, p1s = c / k, p / k, p1 / k
 
-        f = min(1.0, max(0.0, max(meet(a + b, b), meet(p + b, p + b)))) if math.isfinite(p + b) else 1.0
+        def meet(at0, slope):  # f cs = at0 - f slope
+            den = cs + slope
+            return at0 / den if den > 0 else 1.0
+
+        resident = meet(call + a + b, b)
+        first = min(meet(call + ps + b, ps + b), meet(call + p1s + b, b))
+        last = min(meet(call + ps + b, ps + b), meet(call + ps + b1, ps))
+        f = min(1.0, max(0.0, max(resident, first, last)))
         m["cpu_fraction"] = f
-        m["hybrid_ideal_s"] = max(o + f * c, max(a, (1 - f) * p) + (1 - f) * b)
+        if f >= 1:
+            m["hybrid_ideal_s"] = m["cpu_s"]
+        elif f <= 0:
+            m["hybrid_ideal_s"] = m["pcie_s"]
+        else:
+            m["hybrid_ideal_s"] = o + max(f * cs, _gpu_side(m, call, 1 - f, ps, p1s))
+    elif math.isfinite(c):  # nothing can be fetched
+        m["cpu_fraction"], m["hybrid_ideal_s"] = 1.0, m["cpu_s"]
     else:
         m["cpu_fraction"], m["hybrid_ideal_s"] = 0.0, m["pcie_s"]
-    m["dram_capacity_gbps"] = max(dram_gbps, pcie_gbs)
-    m["dram_floor_s"] = _seconds(big_m, m["dram_capacity_gbps"])
+    # The shares keep the two sides' bytes within the capacity: the floor holds by construction (a guard).
+    m["dram_floor_s"] = _seconds(big_m, cap)
     m["hybrid_s"] = max(m["hybrid_ideal_s"], m["dram_floor_s"])
     single = min(m["cpu_s"], m["pcie_s"])
     m["best"] = "cpu" if m["cpu_s"] <= m["pcie_s"] else "pcie"
@@ -136,6 +180,14 @@ def model_backends(missing_bytes: float, resident_bytes: float, cpu_gbps: float,
     if m["hybrid_s"] < single * (1.0 - hybrid_margin):
         m["best"], m["best_s"] = "hybrid", m["hybrid_s"]
     return m
+
+
+def split_time(m: dict, cpu_overhead_s: float, gpu_call_s: float, f: float) -> float:
+    """t(f) of the split with both sides at work (0 < f < 1), as tools/bench_model.h defines it,
+    from a model's terms."""
+    k = m["shared_rate"]
+    return cpu_overhead_s + max(f * m["cpu_compute_s"] / k,
+                                _gpu_side(m, gpu_call_s, 1 - f, m["fetch_s"] / k, m["chunk_fetch_s"] / k))
 
 
 def cpu_share(model: dict) -> float:
@@ -357,12 +409,15 @@ def reference(layer: HostLayer, x_bits: np.ndarray, ids: np.ndarray, weights: np
 # ---------------------------------------------------------------------------------------------
 
 
+MODEL_INPUTS = ("cpu_gbps", "dram_gbps", "gpu_gbps", "gpu_call_s", "gpu_fetch_gbps", "cpu_overhead_s",
+                "fetch_chunk_bytes")  # per token count; and pcie_gbs
+
+
 def predict(missed_experts: float, resident_experts: float, ebytes: int, inputs: dict, pcie_gbs: float) -> dict:
-    """The model of one case from the inputs of its token count (cpu_gbps, dram_gbps,
-    gpu_gbps, gpu_fetch_gbps, cpu_overhead_s) and the PCIe GB/s."""
+    """The model of one case from the inputs of its token count (MODEL_INPUTS) and the PCIe GB/s."""
     return model_backends(missed_experts * ebytes, resident_experts * ebytes, inputs["cpu_gbps"], pcie_gbs,
                           inputs["dram_gbps"], inputs["gpu_gbps"], inputs["gpu_fetch_gbps"],
-                          inputs["cpu_overhead_s"])
+                          inputs["cpu_overhead_s"], inputs["gpu_call_s"], inputs["fetch_chunk_bytes"])
 
 
 def expected_distinct(tokens: int, experts: int, top_k: int) -> float:
@@ -425,6 +480,119 @@ def model_right(measured_ms: dict, pick: str, tolerance: float = 0.10) -> bool:
     way measured."""
     best = min(measured_ms[k] for k in WAYS)
     return measured_ms[PICK_WAY[pick]] <= best * (1 + tolerance)
+
+
+# ---------------------------------------------------------------------------------------------
+# --replay: the model recomputed from a run's inputs, beside its measurements
+# ---------------------------------------------------------------------------------------------
+
+
+def replay_inputs(run: dict) -> dict[int, dict]:
+    """The model's inputs per token count from a run's JSON, as the run measured them. A run
+    from before gpu_call_s (hybrid_run2) timed no call with one resident expert: its line goes
+    through the case with the fewest resident experts (its highest miss rate) instead, and the
+    every-expert-resident time; source says which."""
+    geo = run["geometry"]
+    eb = geo["expert_bytes"]
+    out = {}
+    for key, pt in run["inputs"]["per_tokens"].items():
+        t = int(key)
+        i = {k: pt[k] for k in ("cpu_gbps", "dram_gbps", "cpu_overhead_s")}
+        i["fetch_chunk_bytes"] = pt.get("fetch_chunk_bytes", run["settings"]["chunk"] * eb)
+        if "gpu_call_s" in pt:
+            i.update({k: pt[k] for k in ("gpu_gbps", "gpu_call_s", "gpu_fetch_gbps")})
+            i["source"] = "the run's inputs"
+        else:
+            few = min((r for r in run["rows"] if r["tokens"] == t), key=lambda r: r["resident_experts"])
+            n_all = pt.get("distinct_experts") or expected_distinct(t, geo["experts"], geo["top_k"])
+            i.update(gpu_line(eb, few["resident_experts"], few["measured_ms"]["gpu_resident"] / 1e3, n_all,
+                              pt["gpu_resident_call_s"], pt["gpu_fetched_call_s"]))
+            i["source"] = (f"gpu_call_s, gpu_gbps: the line through the run's GPU resident time at miss "
+                           f"{few['miss_rate']:g} and with every expert resident; gpu_fetch_gbps past gpu_call_s")
+        out[t] = i
+    return out
+
+
+def replay(run: dict) -> list[dict]:
+    """Per case of a run: its measurements, its own model (as it ran) and the model recomputed
+    from its inputs (replay_inputs): the times at the case's measured expert counts, the
+    hybrid way at the share f the run measured it at, and the pick at the expected counts (what
+    the run would have served as (c))."""
+    geo = run["geometry"]
+    eb = geo["expert_bytes"]
+    pcie = run["inputs"]["pcie_gbs"]
+    inputs = replay_inputs(run)
+    rows = []
+    for r in run["rows"]:
+        t, mr, ms = r["tokens"], r["miss_rate"], r["measured_ms"]
+        c = inputs[t]
+        distinct = expected_distinct(t, geo["experts"], geo["top_k"])
+        plan = predict(mr * distinct, (1 - mr) * distinct, eb, c, pcie)
+        model = predict(r["missed_experts"], r["resident_experts"], eb, c, pcie)
+        f_run = r["cpu_fraction_run"]
+        pred = model_ms(model)
+        if 0 < f_run < 1:
+            pred["hybrid"] = 1e3 * split_time(model, c["cpu_overhead_s"], c["gpu_call_s"], f_run)
+        else:
+            pred["hybrid"] = pred["cpu"] if f_run >= 1 else pred["fetch"]
+        keys = ("gpu_resident",) + WAYS
+        rows.append({
+            "tokens": t, "miss_rate": mr, "missed_experts": r["missed_experts"],
+            "resident_experts": r["resident_experts"], "measured_ms": {k: ms[k] for k in keys},
+            "cpu_fraction_run": f_run, "fastest": r["fastest"],
+            "old": {"ms": {k: r["model_ms"][k] for k in keys}, "error": {k: r["model_error"][k] for k in keys},
+                    "cpu_fraction": r["model"]["cpu_fraction"], "pick": r["pick_run"], "right": r["model_right"]},
+            "new": {"ms": pred, "error": {k: pred[k] / ms[k] - 1 for k in keys}, "pick": plan["best"],
+                    "cpu_fraction": plan["cpu_fraction"], "pick_ms": 1e3 * plan["best_s"],
+                    "right": model_right(ms, plan["best"]),
+                    # the pick is a hybrid split other than the one the run measured
+                    "unmeasured_split": plan["best"] == "hybrid" and abs(plan["cpu_fraction"] - f_run) > 0.05},
+            "inputs": c})
+    return rows
+
+
+def _errs(e: dict) -> str:
+    return " / ".join(f"{100 * e[k]:+.0f}" for k in ("gpu_resident",) + WAYS)
+
+
+def replay_tables(rows: list[dict]) -> str:
+    """Markdown: the measurements, the run's model, the recomputed model, and a summary."""
+    def table(head, cells):
+        return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                         + ["| " + " | ".join(c) + " |" for c in cells])
+
+    case = lambda r: [str(r["tokens"]), f"{100 * r['miss_rate']:.0f}"]  # noqa: E731
+    out = ["Measured (medians):", "", table(
+        ["tokens", "miss %", "missed experts", "resident experts", "GPU resident ms", "(a) fetch ms", "(b) cpu ms",
+         "hybrid ms (f)", "fastest"],
+        [case(r) + [f"{r['missed_experts']:.1f}", f"{r['resident_experts']:.1f}"]
+         + [f"{r['measured_ms'][k]:.2f}" for k in ("gpu_resident", "fetch", "cpu")]
+         + [f"{r['measured_ms']['hybrid']:.2f} ({r['cpu_fraction_run']:.2f})", r["fastest"]] for r in rows])]
+    out += ["", "The run's model (at the measured expert counts; hybrid at its own f):", "", table(
+        ["tokens", "miss %", "GPU resident ms", "fetch ms", "cpu ms", "hybrid ms (f)", "error % (res/a/b/hyb)",
+         "picks", "right"],
+        [case(r) + [f"{r['old']['ms'][k]:.2f}" for k in ("gpu_resident", "fetch", "cpu")]
+         + [f"{r['old']['ms']['hybrid']:.2f} ({r['old']['cpu_fraction']:.2f})", _errs(r["old"]["error"]),
+            r["old"]["pick"], "yes" if r["old"]["right"] else "no"] for r in rows])]
+    out += ["", "The model recomputed from the run's inputs (at the measured expert counts; hybrid at the run's "
+                "f; the pick at the expected counts, as the run would serve it):", "", table(
+        ["tokens", "miss %", "GPU resident ms", "fetch ms", "cpu ms", "hybrid ms at the run's f",
+         "error % (res/a/b/hyb)", "picks (f) ms", "right"],
+        [case(r) + [f"{r['new']['ms'][k]:.2f}" for k in ("gpu_resident", "fetch", "cpu", "hybrid")]
+         + [_errs(r["new"]["error"]),
+            f"{r['new']['pick']}" + (f" ({r['new']['cpu_fraction']:.2f})" if r["new"]["pick"] == "hybrid" else "")
+            + f" {r['new']['pick_ms']:.2f}",
+            ("yes" if r["new"]["right"] else "no") + ("*" if r["new"]["unmeasured_split"] else "")] for r in rows])]
+    lines = []
+    for name in ("old", "new"):
+        e = {k: [abs(r[name]["error"][k]) for r in rows] for k in ("gpu_resident",) + WAYS}
+        lines.append(f"- {name}: mean |error| " + ", ".join(
+            f"{k} {100 * sum(v) / len(v):.0f}% (max {100 * max(v):.0f}%)" for k, v in e.items())
+            + f"; picks right {sum(r[name]['right'] for r in rows)} of {len(rows)}")
+    if any(r["new"]["unmeasured_split"] for r in rows):
+        lines.append("- *: the pick is a hybrid split more than 0.05 from the one the run measured; judged "
+                     "by the run's hybrid time")
+    return "\n".join(out + [""] + lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -699,35 +867,64 @@ def measure_cpu_gbps(moe: moejit.MoE, layer: HostLayer, tokens: int, top_k: int,
     return {"cpu_gbps": statistics.median(gbps), "median_call_s": statistics.median(secs)}
 
 
+def gpu_line(ebytes: int, n_one: float, one_s: float, n_all: float, all_s: float, fetched_all_s: float) -> dict:
+    """The model's GPU inputs from the resident compute of a call's routes to n_one of its
+    experts (one_s; the example measures one expert) and to all n_all of them (all_s), and
+    the fetched compute of all of them (fetched_all_s): the line through the two resident
+    times gives the fixed time of a compute part (gpu_call_s) and the GB/s past it
+    (gpu_gbps; math.inf when the time does not grow with the experts); the fetched compute
+    pays the same fixed time, gpu_fetch_gbps is its rate past it. At n_all experts the
+    model gives all_s and fetched_all_s back."""
+    per = max(0.0, (all_s - one_s) / (n_all - n_one)) if n_all > n_one else all_s / max(n_all, 1.0)
+    call = all_s - n_all * per
+    if call < 0:  # a line below the origin: no fixed part
+        call, per = 0.0, all_s / n_all
+    fetched = fetched_all_s - call
+    return {"gpu_call_s": call, "gpu_gbps": ebytes / per / 1e9 if per > 0 else math.inf,
+            "gpu_fetch_gbps": n_all * ebytes / fetched / 1e9 if fetched > 0 else math.inf}
+
+
 def measure_gpu_gbps(gpu: Gpu, tokens: int, top_k: int, rng, calls: int) -> dict:
-    """The GPU's rates with every expert resident (load_resident of all of them first): GB/s
-    of the distinct experts' (fp8) bytes computed from the bf16 bank (gpu_gbps), and
-    dequantized from fp8 staging, then computed (gpu_fetch_gbps; the copies are not timed)."""
+    """The GPU's inputs with every expert resident (load_resident of all of them first), per
+    call of uniform routing: the resident compute of its routes to one of its experts and
+    of all of them (from the bf16 bank), and the fetched compute of the same (dequantized
+    from fp8 staging, then computed; the copies are not timed); medians, and gpu_line's
+    inputs from them."""
     layer = gpu.layer
     ebytes = expert_bytes(layer.hidden, layer.intermediate)
-    res, fet, res_s, fet_s = [], [], [], []
+    times = {"gpu_resident_one_s": [], "gpu_resident_call_s": [], "gpu_fetched_one_s": [], "gpu_fetched_call_s": []}
+    counts = []
+
+    def timed(fn):
+        gpu.sync()
+        t0 = time.perf_counter()
+        fn()
+        gpu.sync()
+        return time.perf_counter() - t0
+
     for c in range(calls + 2):
         ids, w = route(rng, tokens, layer.experts, top_k)
         x = gpu.randn_x(tokens)
         distinct = np.unique(ids)
-        gpu.sync()
-        t0 = time.perf_counter()
-        gpu.compute_resident(gpu.zeros_y(tokens), x, ids, w)
-        gpu.sync()
-        t1 = time.perf_counter()
-        gpu.fetch(distinct)
+        one = distinct[:1]
+        ids_one = np.where(ids == one[0], ids, np.int32(-1))
+        t = {"gpu_resident_one_s": timed(lambda: gpu.compute_resident(gpu.zeros_y(tokens), x, ids_one, w)),
+             "gpu_resident_call_s": timed(lambda: gpu.compute_resident(gpu.zeros_y(tokens), x, ids, w))}
+        gpu.fetch(one)
         gpu.sync()  # the copies are not timed
-        t2 = time.perf_counter()
-        gpu.compute_fetched(gpu.zeros_y(tokens), x, ids, w, distinct)
+        t["gpu_fetched_one_s"] = timed(lambda: gpu.compute_fetched(gpu.zeros_y(tokens), x, ids_one, w, one))
+        gpu.fetch(distinct)
         gpu.sync()
-        t3 = time.perf_counter()
+        t["gpu_fetched_call_s"] = timed(lambda: gpu.compute_fetched(gpu.zeros_y(tokens), x, ids, w, distinct))
         if c >= 2:
-            res_s.append(t1 - t0)
-            fet_s.append(t3 - t2)
-            res.append(len(distinct) * ebytes / (t1 - t0) / 1e9)
-            fet.append(len(distinct) * ebytes / (t3 - t2) / 1e9)
-    return {"gpu_gbps": statistics.median(res), "gpu_fetch_gbps": statistics.median(fet),
-            "gpu_resident_call_s": statistics.median(res_s), "gpu_fetched_call_s": statistics.median(fet_s)}
+            counts.append(len(distinct))
+            for k, v in t.items():
+                times[k].append(v)
+    out = {k: statistics.median(v) for k, v in times.items()}
+    out["distinct_experts"] = statistics.median(counts)  # the medians of a time linear in it agree
+    out.update(gpu_line(ebytes, 1, out["gpu_resident_one_s"], out["distinct_experts"], out["gpu_resident_call_s"],
+                        out["gpu_fetched_call_s"]))
+    return out
 
 
 def choose_matmul(gpu: Gpu, tokens: int, top_k: int, rng, calls: int = 5) -> dict:
@@ -894,12 +1091,18 @@ def parse_args(argv):
                    help="experts moejit reads before each timed call to push the call's out of the L3 (0: off)")
     p.add_argument("--profile", help="moejit-bench --profile JSON of this machine (CPU and DRAM GB/s)")
     p.add_argument("--pcie-gbs", type=float, help="host-to-GPU GB/s (default: measured)")
+    p.add_argument("--dram-gbs", type=float,
+                   help="host DRAM GB/s with moejit and the copy engine reading at once (default: measured; "
+                        "--plan-only: the profile's entry)")
     p.add_argument("--gpu-gbs", type=float,
-                   help=f"GPU GB/s of expert bytes from resident experts (default: measured; --plan-only "
-                        f"{DEFAULT_GPU_GBPS:g})")
+                   help=f"GPU GB/s of expert bytes from resident experts, past the fixed time (default: measured; "
+                        f"--plan-only {DEFAULT_GPU_GBPS:g})")
+    p.add_argument("--gpu-call-us", type=float,
+                   help=f"fixed time of a GPU compute part per layer call, us (default: measured; --plan-only "
+                        f"{1e6 * DEFAULT_GPU_CALL_S:g})")
     p.add_argument("--gpu-fetch-gbs", type=float,
-                   help=f"GPU GB/s of expert bytes dequantized and computed after a fetch (default: measured; "
-                        f"--plan-only {DEFAULT_GPU_FETCH_GBPS:g})")
+                   help=f"GPU GB/s of expert bytes dequantized and computed after a fetch, past the fixed time "
+                        f"(default: measured; --plan-only {DEFAULT_GPU_FETCH_GBPS:g})")
     p.add_argument("--cpu-overhead-us", type=float,
                    help=f"fixed cost of a layer call with a CPU part, us (default: measured; --plan-only "
                         f"{1e6 * DEFAULT_CPU_OVERHEAD_S:g})")
@@ -907,6 +1110,9 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan-only", action="store_true",
                    help="no GPU: print the model's table from --profile and --pcie-gbs")
+    p.add_argument("--replay", metavar="RUN_JSON",
+                   help="no GPU: recompute the model from a run's --out JSON and print it beside the run's "
+                        "measurements and the run's own model")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: run the GPU side with torch on the CPU (checks the code; its times mean nothing)")
     p.add_argument("--out", help="write every number as JSON here")
@@ -919,12 +1125,14 @@ def parse_args(argv):
         p.error("--miss-rates must be in [0, 1]")
     if a.iters < 1 or a.warmup < 0 or a.chunk < 1 or a.evict_experts < 0 or min(a.tokens) < 1:
         p.error("--iters, --chunk and --tokens must be >= 1, --warmup and --evict-experts >= 0")
-    for name in ("pcie_gbs", "gpu_gbs", "gpu_fetch_gbs"):
+    for name in ("pcie_gbs", "dram_gbs", "gpu_gbs", "gpu_fetch_gbs"):  # the GPU rates may be inf (no term)
         v = getattr(a, name)
-        if v is not None and not (math.isfinite(v) and v > 0):
+        if v is not None and not (v > 0 and (math.isfinite(v) or name.startswith("gpu"))):
             p.error(f"--{name.replace('_', '-')} must be > 0")
-    if a.cpu_overhead_us is not None and not (math.isfinite(a.cpu_overhead_us) and a.cpu_overhead_us >= 0):
-        p.error("--cpu-overhead-us must be >= 0")
+    for name in ("gpu_call_us", "cpu_overhead_us"):
+        v = getattr(a, name)
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            p.error(f"--{name.replace('_', '-')} must be >= 0")
     host_gb = a.experts * expert_bytes(a.hidden, a.intermediate) / 1e9
     if host_gb > a.max_host_gb:
         p.error(f"{a.experts} experts need {host_gb:.1f} GB of host memory, over --max-host-gb {a.max_host_gb}: "
@@ -963,8 +1171,20 @@ def cpu_inputs_from_profile(path: str, tokens: list[int]) -> dict[int, dict]:
 
 def gpu_inputs_given(a) -> dict:
     """The GPU-side inputs given on the command line (None where not given)."""
-    return {"gpu_gbps": a.gpu_gbs, "gpu_fetch_gbps": a.gpu_fetch_gbs,
-            "cpu_overhead_s": None if a.cpu_overhead_us is None else 1e-6 * a.cpu_overhead_us}
+    us = lambda v: None if v is None else 1e-6 * v  # noqa: E731
+    return {"gpu_gbps": a.gpu_gbs, "gpu_call_s": us(a.gpu_call_us), "gpu_fetch_gbps": a.gpu_fetch_gbs,
+            "cpu_overhead_s": us(a.cpu_overhead_us)}
+
+
+GPU_DEFAULTS = {"gpu_gbps": DEFAULT_GPU_GBPS, "gpu_call_s": DEFAULT_GPU_CALL_S,
+                "gpu_fetch_gbps": DEFAULT_GPU_FETCH_GBPS, "cpu_overhead_s": DEFAULT_CPU_OVERHEAD_S}
+
+
+def bench_options(pcie_gbs: float, inputs: dict, chunk: int) -> str:
+    """The moejit-bench --profile options that model a machine from one token count's inputs."""
+    return (f"--pcie-gbs {pcie_gbs:.1f} --dram-gbs {inputs['dram_gbps']:.1f} --gpu-gbs {inputs['gpu_gbps']:.0f} "
+            f"--gpu-call-us {1e6 * inputs['gpu_call_s']:.0f} --gpu-fetch-gbs {inputs['gpu_fetch_gbps']:.0f} "
+            f"--cpu-overhead-us {1e6 * inputs['cpu_overhead_s']:.0f} --fetch-chunk-experts {chunk}")
 
 
 def main(argv=None) -> int:
@@ -972,13 +1192,22 @@ def main(argv=None) -> int:
     ebytes = expert_bytes(a.hidden, a.intermediate)
     geometry = {"hidden": a.hidden, "intermediate": a.intermediate, "experts": a.experts, "top_k": a.top_k,
                 "format": "fp8_block", "expert_bytes": ebytes}
+    if a.replay:
+        with open(a.replay) as f:
+            run = json.load(f)
+        rows = replay(run)
+        print(replay_tables(rows))
+        write_json(a.out, {"replay_of": a.replay, "rows": rows})
+        return 0
     if a.plan_only:
         inputs = cpu_inputs_from_profile(a.profile, a.tokens)
-        defaults = {"gpu_gbps": DEFAULT_GPU_GBPS, "gpu_fetch_gbps": DEFAULT_GPU_FETCH_GBPS,
-                    "cpu_overhead_s": DEFAULT_CPU_OVERHEAD_S}
         for k, v in gpu_inputs_given(a).items():
             for t in a.tokens:
-                inputs[t][k] = defaults[k] if v is None else v
+                inputs[t][k] = GPU_DEFAULTS[k] if v is None else v
+        for t in a.tokens:
+            inputs[t]["fetch_chunk_bytes"] = a.chunk * ebytes
+            if a.dram_gbs:
+                inputs[t]["dram_gbps"] = a.dram_gbs
         rows = model_rows(a, ebytes, inputs, a.pcie_gbs)
         print(markdown_table(rows, measured=False))
         write_json(a.out, {"geometry": geometry, "inputs": {"pcie_gbs": a.pcie_gbs, "per_tokens": inputs},
@@ -1044,9 +1273,10 @@ def run_gpu(a, ebytes: int, geometry: dict) -> int:
     x_host = torch.empty((max_tokens, a.hidden), dtype=torch.bfloat16, pin_memory=cuda)
     y_host = torch.empty((max_tokens, a.hidden), dtype=torch.bfloat16, pin_memory=cuda)
     host = measure_host_read_gbps(gpu, moe, max_tokens, a.top_k, rng, calls=max(3, a.iters // 3), evict=evict)
-    for t in a.tokens:  # the model's DRAM capacity: what both read at once
+    for t in a.tokens:  # the model's DRAM capacity: what both read at once (or given)
         inputs[t]["dram_gbps_before"] = inputs[t]["dram_gbps"]
-        inputs[t]["dram_gbps"] = host["dram_gbps"]
+        inputs[t]["dram_gbps"] = a.dram_gbs or host["dram_gbps"]
+        inputs[t]["fetch_chunk_bytes"] = a.chunk * ebytes
     log(f"host reads at once: moejit {host['cpu_gbps']:.1f} + copies {host['dma_gbps']:.1f} GB/s, "
         f"{host['dram_gbps']:.1f} GB/s together")
     load_s = {"all": gpu.load_resident(np.ones(a.experts, bool))}
@@ -1055,17 +1285,16 @@ def run_gpu(a, ebytes: int, geometry: dict) -> int:
     for t in a.tokens:
         g = measure_gpu_gbps(gpu, t, a.top_k, rng, calls=calib_calls)
         o = measure_cpu_overhead(gpu, moe, x_host, y_host, t, a.top_k, calls=calib_calls)
-        inputs[t].update({"measured_gpu_gbps": g["gpu_gbps"], "measured_gpu_fetch_gbps": g["gpu_fetch_gbps"],
-                          "gpu_resident_call_s": g["gpu_resident_call_s"],
-                          "gpu_fetched_call_s": g["gpu_fetched_call_s"], "measured_cpu_overhead_s": o})
+        inputs[t].update({f"measured_{k}": g[k] for k in ("gpu_gbps", "gpu_call_s", "gpu_fetch_gbps")})
+        inputs[t].update({k: g[k] for k in ("gpu_resident_one_s", "gpu_resident_call_s", "gpu_fetched_one_s",
+                                            "gpu_fetched_call_s", "distinct_experts")})
+        inputs[t]["measured_cpu_overhead_s"] = o
         for k, v in given.items():
             inputs[t][k] = inputs[t][f"measured_{k}"] if v is None else v
-    log("gpu GB/s (resident, fetched) and cpu overhead us per tokens: " + ", ".join(
-        f"{t}: {v['gpu_gbps']:.1f}, {v['gpu_fetch_gbps']:.1f}, {1e6 * v['cpu_overhead_s']:.0f}"
-        for t, v in inputs.items()))
-    last = inputs[max_tokens]
-    log(f"moejit-bench --profile P --pcie-gbs {pcie:.1f} --miss-rate R --gpu-gbs {last['gpu_gbps']:.0f} "
-        f"--gpu-fetch-gbs {last['gpu_fetch_gbps']:.0f} --cpu-overhead-us {1e6 * last['cpu_overhead_s']:.0f} "
+    log("gpu (fixed us, GB/s resident, GB/s fetched) and cpu overhead us per tokens: " + ", ".join(
+        f"{t}: {1e6 * v['gpu_call_s']:.0f}, {v['gpu_gbps']:.1f}, {v['gpu_fetch_gbps']:.1f}, "
+        f"{1e6 * v['cpu_overhead_s']:.0f}" for t, v in inputs.items()))
+    log(f"moejit-bench --profile P --miss-rate R {bench_options(pcie, inputs[max_tokens], a.chunk)} "
         f"models this machine at {max_tokens} tokens")
 
     rows, checks = [], []

@@ -31,7 +31,8 @@ struct Args {
   int64_t repeat = 5;
   double min_time = 1.0, zipf_s = 1.0, pcie_gbs = 0, miss_rate = 0;
   double gpu_gbps = kDefaultGpuGbps, gpu_fetch_gbps = kDefaultGpuFetchGbps,
-         cpu_overhead_us = kDefaultCpuOverheadS * 1e6;
+         cpu_overhead_us = kDefaultCpuOverheadS * 1e6, gpu_call_us = kDefaultGpuCallS * 1e6, dram_gbs = 0;
+  int32_t fetch_chunk_experts = kDefaultFetchChunkExperts;
   uint64_t seed = 1;
 };
 
@@ -113,9 +114,20 @@ void add_options(CLI::App& app, Args& a) {
                  "with --pcie-gbs: GB/s of expert bytes the GPU computes from the experts it holds "
                  "(examples/hybrid_moe.py measures it)")
       ->capture_default_str();
+  app.add_option("--gpu-call-us", a.gpu_call_us,
+                 "with --pcie-gbs: fixed time of a GPU compute part per layer call (the resident experts' "
+                 "and again the fetched ones'), us")
+      ->capture_default_str();
   app.add_option("--gpu-fetch-gbs", a.gpu_fetch_gbps,
                  "with --pcie-gbs: GB/s of expert bytes the GPU dequantizes and computes after a fetch")
       ->capture_default_str();
+  app.add_option("--fetch-chunk-experts", a.fetch_chunk_experts,
+                 "with --pcie-gbs: experts per copy the GPU waits for before computing them (0: one copy "
+                 "of every fetched expert, no pipelining)")
+      ->capture_default_str();
+  app.add_option("--dram-gbs", a.dram_gbs,
+                 "with --pcie-gbs: host DRAM GB/s with moejit and the copy engine reading at once "
+                 "(examples/hybrid_moe.py measures it; default: each case's read probe)");
   app.add_option("--cpu-overhead-us", a.cpu_overhead_us,
                  "with --pcie-gbs: fixed cost of a layer call that computes on the CPU (x to the host, "
                  "submit, wait, y to the GPU), us")
@@ -220,19 +232,33 @@ void apply_outputs(const CLI::App& app, const Args& a, Config* c) {
   const bool pcie = app.count("--pcie-gbs") > 0, miss = app.count("--miss-rate") > 0;
   require(!(pcie || miss) || !a.profile.empty(), "--pcie-gbs and --miss-rate need --profile");
   require(pcie == miss, "--pcie-gbs and --miss-rate go together (the backend model needs both)");
-  const bool gpu = app.count("--gpu-gbs") + app.count("--gpu-fetch-gbs") + app.count("--cpu-overhead-us") > 0;
-  require(!gpu || pcie, "--gpu-gbs, --gpu-fetch-gbs and --cpu-overhead-us need --pcie-gbs and --miss-rate");
+  const bool gpu = app.count("--gpu-gbs") + app.count("--gpu-call-us") + app.count("--gpu-fetch-gbs") +
+                       app.count("--cpu-overhead-us") + app.count("--fetch-chunk-experts") +
+                       app.count("--dram-gbs") >
+                   0;
+  require(
+      !gpu || pcie,
+      "--gpu-gbs, --gpu-call-us, --gpu-fetch-gbs, --cpu-overhead-us, --fetch-chunk-experts and --dram-gbs "
+      "need --pcie-gbs and --miss-rate");
   if (pcie) {
     require(std::isfinite(a.pcie_gbs) && a.pcie_gbs > 0, "--pcie-gbs must be > 0");
     require(a.miss_rate >= 0 && a.miss_rate <= 1, "--miss-rate must be in [0, 1]");
-    require(std::isfinite(a.gpu_gbps) && a.gpu_gbps > 0, "--gpu-gbs must be > 0");
-    require(std::isfinite(a.gpu_fetch_gbps) && a.gpu_fetch_gbps > 0, "--gpu-fetch-gbs must be > 0");
+    // The GPU rates may be inf (their term is then 0: a GPU whose time is all the fixed part).
+    require(a.gpu_gbps > 0, "--gpu-gbs must be > 0");
+    require(a.gpu_fetch_gbps > 0, "--gpu-fetch-gbs must be > 0");
+    require(std::isfinite(a.gpu_call_us) && a.gpu_call_us >= 0, "--gpu-call-us must be >= 0");
     require(std::isfinite(a.cpu_overhead_us) && a.cpu_overhead_us >= 0, "--cpu-overhead-us must be >= 0");
+    require(a.fetch_chunk_experts >= 0, "--fetch-chunk-experts must be >= 0");
+    require(app.count("--dram-gbs") == 0 || (std::isfinite(a.dram_gbs) && a.dram_gbs > 0),
+            "--dram-gbs must be > 0");
     c->pcie_gbs = a.pcie_gbs;
     c->miss_rate = a.miss_rate;
     c->gpu_gbps = a.gpu_gbps;
     c->gpu_fetch_gbps = a.gpu_fetch_gbps;
     c->cpu_overhead_s = a.cpu_overhead_us * 1e-6;
+    c->gpu_call_s = a.gpu_call_us * 1e-6;
+    c->fetch_chunk_experts = a.fetch_chunk_experts;
+    c->dram_gbs = a.dram_gbs;
   }
   c->progress = a.progress;
 }

@@ -37,6 +37,9 @@ struct Config {
   double gpu_gbps = kDefaultGpuGbps;  // the backend model's GPU-side inputs (bench_model.h)
   double gpu_fetch_gbps = kDefaultGpuFetchGbps;
   double cpu_overhead_s = kDefaultCpuOverheadS;
+  double gpu_call_s = kDefaultGpuCallS;
+  int32_t fetch_chunk_experts = kDefaultFetchChunkExperts;
+  double dram_gbs = 0;    // 0: each case's read probe
   bool progress = false;  // progress lines on stderr even when it is not a terminal
   int64_t l3_bytes = 0;   // the L3 the cold pools and the probe buffer are sized from
   bool l3_given = false;  // --l3-bytes (else detected)

@@ -56,8 +56,11 @@ class ProfileReporter : public Reporter {
       doc_["model_inputs"] = {{"pcie_gbs", opt_.pcie_gbs},
                               {"miss_rate", opt_.miss_rate},
                               {"gpu_gbps", opt_.gpu_gbps},
+                              {"gpu_call_s", opt_.gpu_call_s},
                               {"gpu_fetch_gbps", opt_.gpu_fetch_gbps},
-                              {"cpu_overhead_s", opt_.cpu_overhead_s}};
+                              {"cpu_overhead_s", opt_.cpu_overhead_s},
+                              {"fetch_chunk_experts", opt_.fetch_chunk_experts},
+                              {"dram_gbps", opt_.dram_gbs > 0 ? Json(opt_.dram_gbs) : Json(nullptr)}};
     else
       doc_["model_inputs"] = nullptr;
     doc_["entries"] = Json::array();
@@ -88,10 +91,12 @@ class ProfileReporter : public Reporter {
       ModelInputs in;
       in.cpu_gbps = p.weight_gbps;
       in.pcie_gbs = opt_.pcie_gbs;
-      in.dram_gbps = r.dram_gbps;
+      in.dram_gbps = opt_.dram_gbs > 0 ? opt_.dram_gbs : r.dram_gbps;
       in.gpu_gbps = opt_.gpu_gbps;
+      in.gpu_call_s = opt_.gpu_call_s;
       in.gpu_fetch_gbps = opt_.gpu_fetch_gbps;
       in.cpu_overhead_s = opt_.cpu_overhead_s;
+      in.fetch_chunk_bytes = opt_.fetch_chunk_experts * eb;
       const BackendModel m = model_backends(missing * eb, resident * eb, in);
       e["backends"] = {
           {"missing_experts_per_call", missing},
@@ -107,6 +112,7 @@ class ProfileReporter : public Reporter {
             {"gpu_fetched_per_token_s", m.gpu_fetched_s * per_token}}},
           {"hybrid",
            {{"cpu_fraction", m.cpu_fraction},
+            {"shared_rate", m.shared_rate},
             {"time_per_token_s", m.hybrid_s * per_token},
             {"ideal_time_per_token_s", m.hybrid_ideal_s * per_token},
             {"dram_floor_per_token_s", m.dram_floor_s * per_token},

@@ -21,6 +21,9 @@ struct ProfileOptions {
   double gpu_gbps = kDefaultGpuGbps;
   double gpu_fetch_gbps = kDefaultGpuFetchGbps;
   double cpu_overhead_s = kDefaultCpuOverheadS;
+  double gpu_call_s = kDefaultGpuCallS;
+  int32_t fetch_chunk_experts = kDefaultFetchChunkExperts;  // x each entry's expert_bytes
+  double dram_gbs = 0;  // the DRAM capacity of the model; 0: each entry's dram_gbps
 };
 
 std::unique_ptr<Reporter> make_profile_reporter(const ProfileOptions& options);

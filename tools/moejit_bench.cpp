@@ -259,8 +259,8 @@ int run_all(const Config& c) {
   out.add(make_reporter(c.output));
   if (!c.plot_path.empty()) out.add(make_plot_reporter(c.plot_path));
   if (!c.profile_path.empty())
-    out.add(make_profile_reporter(
-        {c.profile_path, c.pcie_gbs, c.miss_rate, c.gpu_gbps, c.gpu_fetch_gbps, c.cpu_overhead_s}));
+    out.add(make_profile_reporter({c.profile_path, c.pcie_gbs, c.miss_rate, c.gpu_gbps, c.gpu_fetch_gbps,
+                                   c.cpu_overhead_s, c.gpu_call_s, c.fetch_chunk_experts, c.dram_gbs}));
   RunInfo run;
   run.geometry = c.geometry;
   run.preset = c.preset;

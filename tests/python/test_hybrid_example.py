@@ -29,39 +29,59 @@ needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 INF = float("inf")
 
 
-def model(missing, resident, cpu, pcie, dram, gpu=INF, gpu_fetch=INF, overhead=0.0):
-    return hm.model_backends(missing, resident, cpu, pcie, dram, gpu, gpu_fetch, overhead)
+def model(missing, resident, cpu, pcie, dram, gpu=INF, gpu_fetch=INF, overhead=0.0, call=0.0, chunk=0.0):
+    return hm.model_backends(missing, resident, cpu, pcie, dram, gpu, gpu_fetch, overhead, call, chunk)
 
 
-def split_time(m, overhead, f):
-    """t(f) of the split as tools/bench_model.h defines it, evaluated directly (f: a number or an array)."""
-    gpu = np.maximum(m["gpu_resident_s"], (1 - f) * m["fetch_s"]) + (1 - f) * m["gpu_fetched_s"]
-    return np.maximum(overhead + f * m["cpu_compute_s"], gpu)
+def gpu_side(m, call, g, fetch, chunk_fetch):
+    """G(g) of tools/bench_model.h, evaluated directly from the model's terms (g: a number or an array)."""
+    a, b, b1 = m["gpu_resident_s"], m["gpu_fetched_s"], m["chunk_gpu_fetched_s"]
+    side = call + np.maximum.reduce([a + g * b, np.minimum(g * fetch, chunk_fetch) + g * b,
+                                     g * fetch + np.minimum(g * b, b1)])
+    return np.where(g > 0, side, a)
 
 
-# The same cases as tests/test_bench_model.cpp (BackendModel.*): the two copies of the model agree.
+def split_time(m, overhead, call, f):
+    """t(f) of the split with both sides at work, as tools/bench_model.h defines it."""
+    k = m["shared_rate"]
+    return overhead + np.maximum(f * m["cpu_compute_s"] / k,
+                                 gpu_side(m, call, 1 - f, m["fetch_s"] / k, m["chunk_fetch_s"] / k))
+
+
+# The same cases as tests/test_bench_model.cpp (BackendModel.*): the two copies of the model agree,
+# and each case fails if its term is dropped.
 def test_model_without_gpu_terms_is_cpu_against_pcie():
-    m = model(1e9, 0, 100, 25, 100)
-    assert m["cpu_s"] == pytest.approx(0.01) and m["pcie_s"] == pytest.approx(0.04)
-    assert m["cpu_fraction"] == pytest.approx(0.8) and m["hybrid_ideal_s"] == pytest.approx(0.008)
-    assert m["dram_floor_s"] == pytest.approx(0.01) and m["hybrid_s"] == pytest.approx(0.01)
-    assert m["best"] == "cpu" and hm.cpu_share(m) == 1.0
-    h = model(1e9, 0, 25, 25, 200)  # equal ways with DRAM to spare: the split halves the time
+    m = model(1e9, 0, 100, 25, 200)  # DRAM to spare: 125 of 200 GB/s
+    assert m["cpu_s"] == pytest.approx(0.01) and m["pcie_s"] == pytest.approx(0.04) and m["shared_rate"] == 1.0
+    assert m["cpu_fraction"] == pytest.approx(0.8) and m["hybrid_s"] == pytest.approx(0.008)
+    assert m["best"] == "hybrid" and hm.cpu_share(m) == pytest.approx(0.8)
+    h = model(1e9, 0, 25, 25, 200)  # equal ways: the split halves the time
     assert h["best"] == "hybrid" and h["best_s"] == pytest.approx(0.02) and hm.cpu_share(h) == pytest.approx(0.5)
-    close = model(1e9, 0, 25, 25, 27.0)  # the split must beat the better single way by more than 10%
-    assert close["best"] in ("cpu", "pcie") and close["hybrid_s"] == pytest.approx(1 / 27.0)
     assert model(1e9, 0, 10, 25, 25)["best"] == "pcie"
 
 
-def test_model_gpu_resident_compute_bounds_every_way():
+def test_model_cpu_and_copy_engine_share_dram():
+    m = model(1e9, 0, 100, 25, 100)  # 125 GB/s asked of 100: each side at 0.8
+    assert m["dram_capacity_gbps"] == 100 and m["shared_rate"] == pytest.approx(0.8)
+    assert m["cpu_fraction"] == pytest.approx(0.8) and m["hybrid_ideal_s"] == pytest.approx(0.01)
+    assert m["dram_floor_s"] == pytest.approx(0.01) and m["best"] == "cpu" and hm.cpu_share(m) == 1.0
+    low = model(1e9, 0, 100, 25, 60)  # the capacity is at least what each side pulled alone
+    assert low["dram_capacity_gbps"] == 100 and low["shared_rate"] == pytest.approx(0.8)
+    close = model(1e9, 0, 25, 25, 27.0)  # the split must beat the better single way by more than 10%
+    assert close["shared_rate"] == pytest.approx(27 / 50)
+    assert close["best"] in ("cpu", "pcie") and close["hybrid_s"] == pytest.approx(1 / 27.0)
+    assert close["cpu_s"] == pytest.approx(0.04) and close["pcie_s"] == pytest.approx(0.04)  # alone: no share
+
+
+def test_model_cpu_overhead_is_in_line_with_the_gpus_compute():
     # 10 GB resident at 1000 GB/s: 10 ms; 0.1 GB missing: 1 ms on the CPU, 4 ms over PCIe.
-    m = model(1e8, 1e10, 100, 25, 100, 1000, 500, 5e-4)
+    m = model(1e8, 1e10, 100, 25, 200, 1000, 500, 5e-4)
     assert m["gpu_resident_s"] == pytest.approx(0.01) and m["cpu_compute_s"] == pytest.approx(0.001)
-    assert m["cpu_s"] == pytest.approx(0.01)  # the CPU hides behind the resident compute
+    assert m["cpu_s"] == pytest.approx(0.0105)  # the CPU's compute hides behind the GPU's, the overhead does not
     assert m["pcie_s"] == pytest.approx(0.0102)  # the fetched experts' compute after the resident ones
-    assert m["cpu_fraction"] == 1.0 and m["hybrid_s"] == pytest.approx(0.01)
-    assert m["best"] == "cpu" and m["best_s"] == pytest.approx(m["gpu_resident_s"])
-    none = model(0, 1e10, 100, 25, 100, 1000, 500, 5e-4)  # nothing missing: the resident compute
+    assert m["cpu_fraction"] == 1.0 and m["hybrid_s"] == pytest.approx(m["cpu_s"])
+    assert m["best"] == "pcie" and m["best_s"] == pytest.approx(0.0102)
+    none = model(0, 1e10, 100, 25, 200, 1000, 500, 5e-4)  # nothing missing: the resident compute
     assert none["best"] == "none" and hm.cpu_share(none) == 0
     assert none["best_s"] == none["cpu_s"] == pytest.approx(0.01) and none["cpu_fraction"] == 0
 
@@ -72,32 +92,71 @@ def test_model_cpu_overhead_can_make_fetching_win():
     dear = model(1e8, 0, 100, 25, 100, INF, 500, 0.004)
     assert dear["cpu_s"] == pytest.approx(0.005) and dear["pcie_s"] == pytest.approx(0.0042)
     assert dear["best"] == "pcie" and hm.cpu_share(dear) == 0.0
-    assert 0 < dear["cpu_fraction"] < 0.05
-    assert dear["hybrid_s"] == pytest.approx(0.004 + dear["cpu_fraction"] * 0.001, abs=1e-15)
+    # The split pays the overhead on both sides: its balance is the overhead-free one.
+    assert dear["cpu_fraction"] == pytest.approx(0.0052 / 0.00645)
+    assert dear["hybrid_s"] == pytest.approx(0.004 + dear["cpu_fraction"] * 0.00125, abs=1e-15)
+
+
+def test_model_every_gpu_compute_part_pays_the_fixed_time():
+    m = model(1e8, 1e9, 100, 25, 200, 1000, 500, 0.0, 3e-4)
+    assert m["gpu_resident_s"] == pytest.approx(1.3e-3) and m["cpu_s"] == pytest.approx(1.3e-3)
+    assert m["pcie_s"] == pytest.approx(3e-4 + 4e-3 + 2e-4)  # the fetched experts: a second compute part
+    assert model(1e8, 1e9, 100, 25, 200, INF, 500, 0.0, 3e-4)["gpu_resident_s"] == pytest.approx(3e-4)
+    no_resident = model(1e8, 0, 100, 25, 200, 1000, 500, 0.0, 3e-4)
+    assert no_resident["gpu_resident_s"] == 0 and no_resident["pcie_s"] == pytest.approx(4.5e-3)
+    big = model(1e9, 1e9, 100, 25, 200, 1000, 500, 0.0, 3e-4)
+    assert big["cpu_fraction"] == pytest.approx((3e-4 + 0.042) / 0.052)
+    assert big["hybrid_s"] == pytest.approx(big["cpu_fraction"] * 0.01, abs=1e-15)
 
 
 def test_model_fetched_experts_cost_gpu_compute_after_the_fetch():
-    m = model(1e9, 0, 10, 25, 100, INF, 50, 0.0)
+    m = model(1e9, 0, 10, 25, 200, INF, 50, 0.0)
     assert m["fetch_s"] == pytest.approx(0.04) and m["gpu_fetched_s"] == pytest.approx(0.02)
     assert m["pcie_s"] == pytest.approx(0.06)
     assert m["cpu_fraction"] == pytest.approx(0.375) and m["hybrid_ideal_s"] == pytest.approx(0.0375)
 
 
+def test_model_chunks_pipeline_the_fetch_with_the_compute():
+    args = (10, 25, 200, 1000, 50, 0.0, 0.0, 1e8)  # chunks of 0.1 GB: 4 ms of copies, 2 ms of compute each
+    m = model(1e9, 0, *args)
+    assert m["chunk_fetch_s"] == pytest.approx(0.004) and m["chunk_gpu_fetched_s"] == pytest.approx(0.002)
+    assert m["pcie_s"] == pytest.approx(0.042)  # all the copies, then the last chunk's compute
+    assert model(1e9, 5e10, *args)["pcie_s"] == pytest.approx(0.07)  # the resident compute first
+    assert model(1e9, 0, 10, 25, 200, 1000, 10, 0.0, 0.0, 1e8)["pcie_s"] == pytest.approx(0.104)  # GPU slower
+    assert model(5e7, 0, *args)["pcie_s"] == pytest.approx(0.003)  # less than a chunk
+    assert m["cpu_fraction"] == pytest.approx(0.042 / 0.14) and m["hybrid_ideal_s"] == pytest.approx(0.03)
+
+
 def test_model_split_is_the_minimum_over_f():
-    fs = np.linspace(0, 1, 20001)
+    fs = np.linspace(0, 1, 20001)[1:-1]
+    cases = inside = 0
     for resident in (0.0, 2e8, 1e9, 5e9):
         for overhead in (0.0, 2e-4, 3e-3):
             for cpu in (20.0, 100.0, 400.0):
                 for gpu_fetch in (100.0, 400.0, INF):
-                    m = model(5e8, resident, cpu, 50, 1e6, 1500, gpu_fetch, overhead)
-                    best = split_time(m, overhead, fs).min()
-                    at_f = split_time(m, overhead, m["cpu_fraction"])
-                    assert m["hybrid_ideal_s"] == pytest.approx(at_f, abs=1e-15)
-                    assert m["hybrid_ideal_s"] <= best * (1 + 1e-12)
-                    grid = 1e-4 * (m["cpu_compute_s"] + m["fetch_s"] + m["gpu_fetched_s"])  # the grid's step
-                    assert m["hybrid_ideal_s"] >= best - grid
-                    assert m["cpu_s"] == pytest.approx(split_time(m, overhead, 1.0))
-                    assert m["pcie_s"] == pytest.approx(max(m["gpu_resident_s"], m["fetch_s"]) + m["gpu_fetched_s"])
+                    for call in (0.0, 5e-4):
+                        for chunk in (0.0, 4e7):
+                            for dram in (1e6, 90.0):
+                                m = model(5e8, resident, cpu, 50, dram, 1500, gpu_fetch, overhead, call, chunk)
+                                best = split_time(m, overhead, call, fs).min()
+                                assert m["cpu_s"] == pytest.approx(overhead + max(m["gpu_resident_s"],
+                                                                                  m["cpu_compute_s"]))
+                                assert m["pcie_s"] == pytest.approx(gpu_side(m, call, 1.0, m["fetch_s"],
+                                                                             m["chunk_fetch_s"]))
+                                assert m["hybrid_ideal_s"] <= best * (1 + 1e-12)
+                                f = m["cpu_fraction"]
+                                if 0 < f < 1:
+                                    inside += 1
+                                    assert m["hybrid_ideal_s"] == pytest.approx(split_time(m, overhead, call, f),
+                                                                                abs=1e-15)
+                                    assert m["hybrid_ideal_s"] == pytest.approx(
+                                        hm.split_time(m, overhead, call, f), abs=1e-15)
+                                    step = 1e-4 * (m["cpu_compute_s"] + m["fetch_s"] + m["gpu_fetched_s"])
+                                    assert m["hybrid_ideal_s"] >= best - step / m["shared_rate"]
+                                else:
+                                    assert m["hybrid_ideal_s"] == (m["cpu_s"] if f >= 1 else m["pcie_s"])
+                                cases += 1
+    assert cases == 864 and inside > cases // 2
 
 
 def test_model_no_cpu_means_fetch_everything():
@@ -109,10 +168,32 @@ def test_model_no_cpu_means_fetch_everything():
 def test_model_defaults_are_moejit_bench_defaults():
     src = open(os.path.join(os.path.dirname(hm.__file__), "..", "tools", "bench_model.h")).read()
     for name, value in (("kDefaultGpuGbps", hm.DEFAULT_GPU_GBPS),
+                        ("kDefaultGpuCallS", hm.DEFAULT_GPU_CALL_S),
                         ("kDefaultGpuFetchGbps", hm.DEFAULT_GPU_FETCH_GBPS),
-                        ("kDefaultCpuOverheadS", hm.DEFAULT_CPU_OVERHEAD_S)):
-        m = re.search(rf"constexpr double {name} = ([0-9.e+-]+);", src)
+                        ("kDefaultCpuOverheadS", hm.DEFAULT_CPU_OVERHEAD_S),
+                        ("kDefaultFetchChunkExperts", hm.DEFAULT_FETCH_CHUNK_EXPERTS)):
+        m = re.search(rf"constexpr (?:double|int) {name} = ([0-9.e+-]+);", src)
         assert m and float(m.group(1)) == value, name
+
+
+def test_gpu_line():
+    eb = 44_000_000
+    # 0.7 ms for one expert, 3.7 ms for 101: 30 us per expert past 0.67 ms.
+    g = hm.gpu_line(eb, 1, 0.7e-3, 101, 3.7e-3, 33e-3)
+    assert g["gpu_call_s"] == pytest.approx(0.67e-3) and g["gpu_gbps"] == pytest.approx(eb / 30e-6 / 1e9)
+    assert g["gpu_fetch_gbps"] == pytest.approx(101 * eb / (33e-3 - 0.67e-3) / 1e9)
+    # The model gives both measured times back.
+    for n, t in ((1, 0.7e-3), (101, 3.7e-3)):
+        assert hm.model_backends(0, n * eb, 1, 1, 1, g["gpu_gbps"], 1, 0, g["gpu_call_s"], 0)["gpu_resident_s"] \
+            == pytest.approx(t)
+    # A time that does not grow with the experts (one token): all of it is the fixed part.
+    flat = hm.gpu_line(eb, 1, 0.7e-3, 8, 0.68e-3, 3e-3)
+    assert flat["gpu_call_s"] == pytest.approx(0.68e-3) and flat["gpu_gbps"] == INF
+    # A line below the origin: no fixed part, the rate of the whole call.
+    low = hm.gpu_line(eb, 2, 0.1e-3, 10, 2e-3, 3e-3)
+    assert low["gpu_call_s"] == 0 and low["gpu_gbps"] == pytest.approx(10 * eb / 2e-3 / 1e9)
+    # One expert per call: no line, no fixed part.
+    assert hm.gpu_line(eb, 1, 1e-3, 1, 1e-3, 2e-3)["gpu_call_s"] == 0
 
 
 @pytest.mark.skipif(not BENCH, reason="MOEJIT_BENCH_EXE (set by CTest) names no moejit-bench")
@@ -122,18 +203,21 @@ def test_model_matches_moejit_bench_profile(tmp_path):
     subprocess.run([BENCH, "--hidden", "256", "--intermediate", "128", "--experts", "32", "--top-k", "4",
                     "--format", "fp8_block,bf16", "--tokens", "1,4", "--threads", "1", "--min-time", "0.02",
                     "--repeat", "2", "--warmup", "1", "--profile", str(prof), "--pcie-gbs", "25", "--miss-rate",
-                    "0.3", "--gpu-gbs", "2", "--gpu-fetch-gbs", "0.5", "--cpu-overhead-us", "30"],
+                    "0.3", "--gpu-gbs", "2", "--gpu-fetch-gbs", "0.5", "--cpu-overhead-us", "30", "--gpu-call-us",
+                    "40", "--fetch-chunk-experts", "2"],
                    check=True, capture_output=True)
     doc = json.loads(prof.read_text())
     assert doc["schema_version"] == 2
-    assert doc["model_inputs"] == {"pcie_gbs": 25.0, "miss_rate": 0.3, "gpu_gbps": 2.0, "gpu_fetch_gbps": 0.5,
-                                   "cpu_overhead_s": pytest.approx(30e-6)}
+    assert doc["model_inputs"] == {"pcie_gbs": 25.0, "miss_rate": 0.3, "gpu_gbps": 2.0,
+                                   "gpu_call_s": pytest.approx(40e-6), "gpu_fetch_gbps": 0.5,
+                                   "cpu_overhead_s": pytest.approx(30e-6), "fetch_chunk_experts": 2,
+                                   "dram_gbps": None}  # each entry's probe
     assert len(doc["entries"]) == 4
     for e in doc["entries"]:
         b = e["backends"]
         per_token = 1.0 / e["tokens"]
         m = hm.model_backends(b["missing_bytes_per_call"], b["resident_bytes_per_call"], e["cpu_gbps"], 25.0,
-                              e["dram_gbps"], 2.0, 0.5, 30e-6)
+                              e["dram_gbps"], 2.0, 0.5, 30e-6, 40e-6, 2 * e["expert_bytes"])
         assert b["missing_experts_per_call"] == pytest.approx(0.3 * e["distinct_experts_per_call"])
         assert b["resident_experts_per_call"] == pytest.approx(0.7 * e["distinct_experts_per_call"])
         assert m["missing_bytes"] == pytest.approx(b["missing_experts_per_call"] * e["expert_bytes"])
@@ -151,6 +235,7 @@ def test_model_matches_moejit_bench_profile(tmp_path):
                          (m["best_s"], e["recommendation"]["time_per_token_s"])):
             assert key * per_token == pytest.approx(got, rel=1e-9)
         assert m["cpu_fraction"] == pytest.approx(b["hybrid"]["cpu_fraction"], rel=1e-9, abs=1e-12)
+        assert m["shared_rate"] == pytest.approx(b["hybrid"]["shared_rate"], rel=1e-12)
         assert m["dram_capacity_gbps"] == pytest.approx(b["hybrid"]["dram_capacity_gbps"], rel=1e-12)
         assert m["best"] == e["recommendation"]["backend"]
     best = hm.load_profile(str(prof))
@@ -160,7 +245,8 @@ def test_model_matches_moejit_bench_profile(tmp_path):
     r = subprocess.run([sys.executable, hm.__file__, "--plan-only", "--profile", str(prof), "--pcie-gbs", "25",
                         "--tokens", "1,4", "--experts", "32", "--hidden", "256", "--intermediate", "128",
                         "--top-k", "4", "--gpu-gbs", "2", "--gpu-fetch-gbs", "0.5", "--cpu-overhead-us", "30",
-                        "--out", str(out)], check=True, capture_output=True, text=True, env=os.environ.copy())
+                        "--gpu-call-us", "40", "--chunk", "2", "--out", str(out)],
+                       check=True, capture_output=True, text=True, env=os.environ.copy())
     assert r.stdout.startswith("| tokens | miss % |") and len(r.stdout.strip().splitlines()) == 2 + 2 * 4
     plan = json.loads(out.read_text())
     assert len(plan["rows"]) == 8 and plan["inputs"]["pcie_gbs"] == 25
@@ -170,8 +256,9 @@ def test_model_matches_moejit_bench_profile(tmp_path):
             continue
         e = best[row["tokens"]]
         m = hm.predict(row["missed_experts"], row["resident_experts"], e["expert_bytes"],
-                       {"cpu_gbps": e["cpu_gbps"], "dram_gbps": e["dram_gbps"], "gpu_gbps": 2.0,
-                        "gpu_fetch_gbps": 0.5, "cpu_overhead_s": 30e-6}, 25.0)
+                       {"cpu_gbps": e["cpu_gbps"], "dram_gbps": e["dram_gbps"], "gpu_gbps": 2.0, "gpu_call_s": 40e-6,
+                        "gpu_fetch_gbps": 0.5, "cpu_overhead_s": 30e-6, "fetch_chunk_bytes": 2 * e["expert_bytes"]},
+                       25.0)
         assert row["model"] == pytest.approx(m)
         assert row["model"]["gpu_resident_s"] > 0
 
@@ -208,23 +295,29 @@ def test_plan_only_table_and_json(tmp_path, capsys):
     # Without GPU inputs on the command line, moejit-bench's defaults.
     inputs = doc["inputs"]["per_tokens"]["1"]
     assert inputs["gpu_gbps"] == hm.DEFAULT_GPU_GBPS and inputs["cpu_overhead_s"] == hm.DEFAULT_CPU_OVERHEAD_S
+    assert inputs["gpu_call_s"] == hm.DEFAULT_GPU_CALL_S and inputs["gpu_fetch_gbps"] == hm.DEFAULT_GPU_FETCH_GBPS
+    assert inputs["fetch_chunk_bytes"] == 8 * 44_045_568 and inputs["dram_gbps"] == 60.0  # --chunk; the profile's
     m = row["model"]
-    assert m["gpu_resident_s"] == pytest.approx(7.2 * 44_045_568 / (hm.DEFAULT_GPU_GBPS * 1e9))
+    assert m["gpu_resident_s"] == pytest.approx(hm.DEFAULT_GPU_CALL_S + 7.2 * 44_045_568 / (hm.DEFAULT_GPU_GBPS * 1e9))
     assert m["cpu_s"] == pytest.approx(hm.DEFAULT_CPU_OVERHEAD_S + 0.8 * 44_045_568 / 20e9)
-    assert m["best"] == "hybrid"
-    # A slow GPU makes the resident compute the layer: the CPU way hides behind it.
+    assert m["best"] == "pcie"  # a CPU of 20 GB/s: 1.8 ms for the missed expert, 0.7 ms to copy it
+    # A slow GPU makes the resident compute the layer: the CPU way hides behind it, its overhead does not.
     assert hm.main(["--plan-only", "--profile", str(p), "--pcie-gbs", "25", "--gpu-gbs", "50", "--tokens", "16",
-                    "--miss-rates", "0.1", "--out", str(out)]) == 0
+                    "--miss-rates", "0.1", "--dram-gbs", "90", "--out", str(out)]) == 0
     capsys.readouterr()
-    slow = json.loads(out.read_text())["rows"][0]["model"]
-    assert slow["best"] == "cpu" and slow["best_s"] == pytest.approx(slow["gpu_resident_s"])
+    doc = json.loads(out.read_text())
+    slow = doc["rows"][0]["model"]
+    assert doc["inputs"]["per_tokens"]["16"]["dram_gbps"] == 90.0
+    assert slow["best"] == "cpu"
+    assert slow["best_s"] == pytest.approx(slow["gpu_resident_s"] + hm.DEFAULT_CPU_OVERHEAD_S)
     with pytest.raises(SystemExit):
         hm.main(["--plan-only", "--pcie-gbs", "25"])  # no profile
     with pytest.raises(SystemExit):
         hm.main(["--plan-only", "--profile", str(p), "--pcie-gbs", "25", "--tokens", "2"])  # no entry for 2
     with pytest.raises(SystemExit):
         hm.main(["--experts", "2000", "--plan-only", "--profile", str(p), "--pcie-gbs", "25"])  # host memory
-    for bad in (["--gpu-gbs", "0"], ["--gpu-fetch-gbs", "-1"], ["--cpu-overhead-us", "-3"], ["--pcie-gbs", "0"]):
+    for bad in (["--gpu-gbs", "0"], ["--gpu-fetch-gbs", "-1"], ["--cpu-overhead-us", "-3"], ["--pcie-gbs", "0"],
+                ["--gpu-call-us", "-1"], ["--dram-gbs", "0"], ["--dram-gbs", "inf"]):
         with pytest.raises(SystemExit):
             hm.main(["--plan-only", "--profile", str(p), "--pcie-gbs", "25"] + bad)
 
@@ -245,6 +338,96 @@ def test_measured_table_and_model_error():
     table = hm.markdown_table([row], measured=True).splitlines()
     assert len(table) == 3 and table[0].count("|") == table[2].count("|") == 17
     assert "| 1.30 (1.00) | 1.20 (cpu) | +0 / " in table[2] and table[2].endswith("| cpu | yes |")
+
+
+def test_measure_gpu_inputs_with_a_fake_gpu(rng, monkeypatch):
+    """measure_gpu_gbps without torch: a GPU whose compute part costs 1 ms plus 0.2 ms per resident
+    expert (0.5 ms per fetched one), on a clock it advances."""
+    clock = [0.0]
+    monkeypatch.setattr(hm.time, "perf_counter", lambda: clock[0])
+    seen = []
+
+    class FakeGpu:
+        layer = hm.HostLayer(np.zeros((64, 256, 128), np.uint8), np.zeros((64, 2, 1), np.uint16),
+                             np.zeros((64, 128, 128), np.uint8), np.zeros((64, 1, 1), np.uint16))
+
+        def sync(self):
+            pass
+
+        def randn_x(self, tokens):
+            return np.zeros((tokens, 128))
+
+        def zeros_y(self, tokens):
+            return np.zeros((tokens, 128))
+
+        def fetch(self, experts):
+            self.staged = np.array(experts)
+
+        def compute_resident(self, y, x, ids, w):
+            used = np.unique(ids[ids >= 0])
+            seen.append(len(used))
+            clock[0] += 1e-3 + 2e-4 * len(used)
+
+        def compute_fetched(self, y, x, ids, w, experts, events=None):
+            assert np.array_equal(np.unique(ids[ids >= 0]), np.sort(experts))  # the staged experts' routes only
+            assert np.array_equal(self.staged, experts)
+            clock[0] += 1e-3 + 5e-4 * len(experts)
+
+    g = hm.measure_gpu_gbps(FakeGpu(), tokens=4, top_k=4, rng=rng, calls=5)
+    eb = hm.expert_bytes(128, 128)
+    assert set(seen[::2]) == {1}  # the one-expert call, then the whole call
+    assert g["gpu_resident_one_s"] == pytest.approx(1.2e-3) and g["gpu_fetched_one_s"] == pytest.approx(1.5e-3)
+    assert g["gpu_call_s"] == pytest.approx(1e-3) and g["gpu_gbps"] == pytest.approx(eb / 2e-4 / 1e9)
+    assert g["gpu_fetch_gbps"] == pytest.approx(eb / 5e-4 / 1e9)
+    assert g["gpu_resident_call_s"] == pytest.approx(1e-3 + 2e-4 * g["distinct_experts"])
+
+
+RUN2 = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "runs", "hybrid_run2.json")
+
+
+def test_replay_of_the_h200_run(tmp_path, capsys):
+    """docs/PERFORMANCE.md's "Hybrid GPU + CPU (Xeon + H200)": the model recomputed from that run's
+    inputs, its errors and picks against the run's own model's."""
+    run = json.load(open(RUN2))
+    inputs = hm.replay_inputs(run)
+    # The run timed no call with one resident expert: the line through its 75% case and every expert.
+    i16 = inputs[16]
+    assert "miss 0.75" in i16["source"]
+    assert i16["gpu_call_s"] == pytest.approx(0.808e-3, abs=1e-6) and i16["gpu_gbps"] == pytest.approx(1549, abs=1)
+    assert i16["gpu_fetch_gbps"] == pytest.approx(138.4, abs=0.1) and i16["fetch_chunk_bytes"] == 8 * 44_045_568
+    assert inputs[1]["gpu_gbps"] == INF  # one token: the GPU time does not grow with the experts
+    # moejit-bench's defaults are this run's 16-token figures.
+    for name, value in (("gpu_call_s", hm.DEFAULT_GPU_CALL_S), ("cpu_overhead_s", hm.DEFAULT_CPU_OVERHEAD_S)):
+        assert i16[name] == pytest.approx(value, abs=5e-6), name
+    for name, value in (("gpu_gbps", hm.DEFAULT_GPU_GBPS), ("gpu_fetch_gbps", hm.DEFAULT_GPU_FETCH_GBPS)):
+        assert i16[name] == pytest.approx(value, rel=0.01), name
+    rows = hm.replay(run)
+    assert len(rows) == 12
+    for r, orig in zip(rows, run["rows"]):
+        assert r["old"]["error"]["hybrid"] == orig["model_error"]["hybrid"] and r["old"]["pick"] == orig["pick_run"]
+        # The recomputed times are the model's at the case's measured counts, the hybrid at the run's f.
+        m = hm.predict(orig["missed_experts"], orig["resident_experts"], 44_045_568, inputs[r["tokens"]],
+                       run["inputs"]["pcie_gbs"])
+        assert r["new"]["ms"]["cpu"] == pytest.approx(1e3 * m["cpu_s"])
+        c = inputs[r["tokens"]]
+        assert r["new"]["ms"]["hybrid"] == pytest.approx(
+            1e3 * hm.split_time(m, c["cpu_overhead_s"], c["gpu_call_s"], orig["cpu_fraction_run"]))
+
+    def mean_abs(name, way):
+        return sum(abs(r[name]["error"][way]) for r in rows) / len(rows)
+
+    for way in ("gpu_resident", "fetch", "cpu", "hybrid"):
+        assert mean_abs("new", way) < mean_abs("old", way), way
+    assert mean_abs("new", "gpu_resident") < 0.05 and mean_abs("new", "fetch") < 0.1
+    assert sum(r["new"]["right"] for r in rows) > sum(r["old"]["right"] for r in rows) == 10
+    one = {r["miss_rate"]: r["new"]["pick"] for r in rows if r["tokens"] == 1}
+    assert one[0.1] == one[0.25] == "cpu" and one[0.75] == "hybrid"
+    # --replay prints the three tables and writes the rows.
+    out = tmp_path / "replay.json"
+    assert hm.main(["--replay", RUN2, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("| tokens | miss % |") == 3 and "picks right 10 of 12" in text
+    assert len(json.loads(out.read_text())["rows"]) == 12
 
 
 def test_expected_missed():
@@ -441,6 +624,8 @@ def test_gpu_run_on_the_cpu(tmp_path, capsys):
         inp = doc["inputs"]["per_tokens"][t]
         for k in ("cpu_gbps", "gpu_gbps", "gpu_fetch_gbps", "cpu_overhead_s"):
             assert inp[k] > 0, k
+        assert inp["gpu_call_s"] >= 0 and inp["fetch_chunk_bytes"] == 8 * hm.expert_bytes(128, 128)
+        assert inp["gpu_resident_one_s"] > 0 and inp["gpu_fetched_one_s"] > 0
     host = doc["inputs"]["host_reads_at_once"]
     assert host["cpu_gbps"] > 0 and host["dma_gbps"] > 0 and host["dram_gbps"] > 0
     for r in doc["rows"]:
@@ -454,3 +639,6 @@ def test_gpu_run_on_the_cpu(tmp_path, capsys):
         inputs = doc["inputs"]["per_tokens"][str(r["tokens"])]
         assert m == pytest.approx(hm.predict(r["missed_experts"], r["resident_experts"],
                                              doc["geometry"]["expert_bytes"], inputs, doc["inputs"]["pcie_gbs"]))
+    # A run with the one-expert times replays from its own inputs.
+    replayed = hm.replay(doc)
+    assert len(replayed) == 4 and all(r["inputs"]["source"] == "the run's inputs" for r in replayed)
