@@ -31,7 +31,7 @@ if _core.abi_version() != _core.COMPILED_ABI_VERSION:  # pragma: no cover (needs
 from . import _names
 from ._api import Context, Linear, MoE, ProjFormat, Task
 from ._names import ACTIVATIONS
-from . import hf  # noqa: E402  (checkpoint loaders: moejit.hf.moe_layer)
+from . import gguf, hf  # noqa: E402  (loaders: moejit.gguf.moe_layer, moejit.hf.moe_layer)
 
 __version__ = _core.version()
 
@@ -59,6 +59,7 @@ __all__ = [
     "isa_name",
     "status_name",
     "last_error",
+    "gguf",
     "hf",
 ]
 
