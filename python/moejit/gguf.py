@@ -22,7 +22,7 @@ Q4_K Q5_K Q6_K Q2_K     q4_K q5_K q6_K q2_K q3_K (when the loaded
 Q3_K                    library has them: :func:`moejit.formats`)
 MXFP4, NVFP4, F16, F32  not served (:class:`moejit.Unsupported`): ggml's
 and the rest            MXFP4 / NVFP4 blocks carry their scales inline
-                        and pair codes j and j+16 in a byte, which is not
+                        and pair codes j and j+16 (j+8) in a byte: not
                         moejit's mxfp4 / nvfp4 layout (codes ``[rows,
                         K/2]`` even/odd, scales apart), so they cannot
                         be read in place; moejit has no fp16 / fp32
@@ -69,8 +69,9 @@ _WHY_NOT = {
     "MXFP4": "ggml's MXFP4 blocks (17 bytes: an e8m0 scale, then 16 bytes holding elements j and j+16 in one byte) "
              "are not moejit's mxfp4 layout (codes [rows, K/2], even element in the low nibble, e8m0 scales in "
              "their own array), so they cannot be read in place",
-    "NVFP4": "ggml's NVFP4 blocks (4 e4m3 scales inline per 64 weights, elements j and j+32 in one byte) are not "
-             "moejit's nvfp4 layout (codes [rows, K/2] even/odd, scales and per-row globals in their own arrays)",
+    "NVFP4": "ggml's NVFP4 blocks (4 unsigned e4m3 scales inline per 64 weights, elements j and j+8 of each 16 in "
+             "one byte, no per-row global) are not moejit's nvfp4 layout (codes [rows, K/2] even/odd, scales and "
+             "per-row globals in their own arrays)",
     "F16": "moejit has no fp16 weight format",
     "F32": "moejit has no fp32 weight format",
 }
