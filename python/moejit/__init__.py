@@ -3,7 +3,8 @@
 A thin layer over libmoejit's C API (include/moejit.h, docs/API.md):
 
 * :class:`Context`: thread pool, ISA tier, dedup option.
-* :class:`MoE`: a layer of routed experts over your weight banks, read in place.
+* :class:`MoE`: a layer of routed experts over your weight banks, read in place
+  (gate and up fused or as separate banks, a format per projection).
 * :class:`Linear`: a dense quantized projection.
 * :func:`info`: what this library and CPU offer.
 
@@ -28,9 +29,9 @@ if _core.abi_version() != _core.COMPILED_ABI_VERSION:  # pragma: no cover (needs
     )
 
 from . import _names
-from ._api import Context, Linear, MoE, Task
+from ._api import Context, Linear, MoE, ProjFormat, Task
 from ._names import ACTIVATIONS
-from . import hf  # noqa: E402  (checkpoint loaders: moejit.hf.moe_layer)
+from . import gguf, hf  # noqa: E402  (loaders: moejit.gguf.moe_layer, moejit.hf.moe_layer)
 
 __version__ = _core.version()
 
@@ -39,6 +40,7 @@ __all__ = [
     "MoE",
     "Linear",
     "Task",
+    "ProjFormat",
     "Error",
     "InvalidArgument",
     "Unsupported",
@@ -57,6 +59,7 @@ __all__ = [
     "isa_name",
     "status_name",
     "last_error",
+    "gguf",
     "hf",
 ]
 

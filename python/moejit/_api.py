@@ -1,9 +1,10 @@
-"""Context, MoE, Linear and Task: the C API's objects with Python names and defaults."""
+"""Context, MoE, Linear, Task and ProjFormat: the C API's objects with Python names and defaults."""
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -189,8 +190,8 @@ def _x_view(x, cols: int, what_cols: str) -> tuple[A.View, int]:
     return v, int(a.shape[0])
 
 
-def _fmt(format, group_size) -> tuple[int, str, Any]:
-    fid = N.format_id(format)
+def _fmt(format, group_size, what: str = "format") -> tuple[int, str, Any]:
+    fid = N.format_id(format, what)
     name = N.name_of(N.format_names(), fid)
     lay = layout(name, 0 if group_size is None else group_size)
     if lay is None:
@@ -204,7 +205,7 @@ def _fmt(format, group_size) -> tuple[int, str, Any]:
 def _scale_dtype(fmt_name: str, scale_dtype, scales: list[A.View] | None, what: str) -> int:
     """fp8_block scales are bf16 or f32: None takes the scale arrays' dtype."""
     if scale_dtype is not None:
-        return N.dtype_id(scale_dtype, "scale_dtype")
+        return N.dtype_id(scale_dtype, what)
     if fmt_name != "fp8_block" or not scales:
         return 0
     return 1 if scales[0].dtype == "float32" else 0
@@ -214,23 +215,124 @@ def _optional_bank(obj, what: str, e: int) -> list:
     return [None] * e if obj is None else B.experts(obj, what, e)
 
 
+@dataclass(frozen=True)
+class ProjFormat:
+    """One projection's encoding (``moejit_proj_format``): for :class:`MoE`'s
+    ``up_format`` and ``down_format``.
+
+    Args:
+        format: a format name ("q8_0", "fp8_block", ...) or id.
+        scale_dtype: fp8_block scales "bf16" or "f32"; None: that projection's
+            scale arrays' dtype.
+        group_size: mxfp8 group (None or 0 = 32, 32, 64, 128).
+
+    A plain name / id, or a tuple ``(format, scale_dtype, group_size)`` (trailing
+    items may be left out), is accepted wherever a ProjFormat is. The
+    ``formats`` property of a layer reports each projection's as a ProjFormat of
+    names.
+    """
+
+    format: N.NameOrId
+    scale_dtype: Any = None
+    group_size: Optional[int] = None
+
+
+def _proj_spec(spec, what: str) -> ProjFormat:
+    if isinstance(spec, ProjFormat):
+        return spec
+    if isinstance(spec, (str, int)) and not isinstance(spec, bool):
+        return ProjFormat(spec)
+    if isinstance(spec, (tuple, list)) and 1 <= len(spec) <= 3:
+        return ProjFormat(*spec)
+    raise InvalidArgument(
+        f"{what} must be a format name or id, a (format, scale_dtype, group_size) tuple or a moejit.ProjFormat, "
+        f"got {spec!r}"
+    )
+
+
+class _Proj:
+    """One projection's resolved encoding: ids for the C descriptor, the layout for
+    the array checks."""
+
+    def __init__(self, fid: int, name: str, lay, scale_dtype: int, group: int):
+        self.fid, self.name, self.lay, self.scale_dtype, self.group = fid, name, lay, scale_dtype, group
+
+    def c(self) -> tuple[int, int, int]:
+        return (self.fid, self.scale_dtype, self.group)
+
+    def public(self) -> ProjFormat:
+        return ProjFormat(self.name, N.name_of(N.DTYPES, self.scale_dtype), self.group)
+
+
+def _resolve_proj(spec, what: str, scales: list, inherit: _Proj) -> _Proj:
+    """`spec` None: as gate (C: a NULL up_format / down_format). Else its own format,
+    with scale_dtype None taken from that projection's scale arrays."""
+    if spec is None:
+        return inherit
+    ps = _proj_spec(spec, what)
+    group = 0 if ps.group_size is None else _int(ps.group_size, f"{what}.group_size")
+    fid, name, lay = _fmt(ps.format, group, f"{what}.format")
+    sdt = _scale_dtype(name, ps.scale_dtype, [s for s in scales if s is not None], f"{what}.scale_dtype")
+    return _Proj(fid, name, lay, sdt, group)
+
+
+def _check_bank_form(gate_up, gate, up, interleaved: bool, up_format, fused_extras: dict,
+                     separate_extras: dict) -> bool:
+    """The C rules on the banks, checked before the call: exactly one of gate_up and
+    (gate, up); interleaving and up_format only where they mean something; each
+    bank's scales and biases with their bank. Returns whether the banks are separate."""
+    pair = gate is not None or up is not None
+    if gate_up is not None and pair:
+        given = "gate and up" if gate is not None and up is not None else ("gate" if gate is not None else "up")
+        raise InvalidArgument(
+            f"gate_up and {given} are both given: pass either the fused gate_up bank or the separate gate and up "
+            "banks, not both")
+    if gate_up is None and not pair:
+        raise InvalidArgument("no gate and up weights: pass gate_up (one fused bank) or gate and up (two banks)")
+    if pair and (gate is None or up is None):
+        have, missing = ("gate", "up") if gate is not None else ("up", "gate")
+        raise InvalidArgument(f"{missing} is missing but {have} is given: separate banks need both gate and up")
+    wrong = separate_extras if gate_up is not None else fused_extras
+    for name, value in wrong.items():
+        if value is not None:
+            if gate_up is not None:
+                raise InvalidArgument(f"{name} is given but the layer has a fused gate_up bank: pass "
+                                      f"gate_up{name[name.index('_'):]} (or separate gate and up banks)")
+            raise InvalidArgument(f"{name} is given but the layer has separate gate and up banks: pass "
+                                  f"gate{name[len('gate_up'):]} and up{name[len('gate_up'):]}")
+    if pair and interleaved:
+        raise InvalidArgument("gate_up_interleaved=True needs the fused gate_up bank: separate gate and up banks "
+                              "are each their own matrix")
+    if gate_up is not None and up_format is not None:
+        raise InvalidArgument("up_format needs separate gate and up banks: a fused gate_up is one matrix in one "
+                              "format (format= gives it)")
+    return pair
+
+
 class MoE:
     """A MoE layer of routed experts over the caller's weight banks
     (``moejit_moe_create``); kernels are generated here.
 
-    Banks, per expert e (each bank stacked ``[E, ...]`` or a sequence of E arrays):
+    Gate and up come either as one fused bank ``gate_up`` or as two separate banks
+    ``gate`` and ``up`` (exactly one of the two forms; GGUF files and Hugging Face
+    checkpoints store them apart). Banks, per expert e (each bank stacked
+    ``[E, ...]`` or a sequence of E arrays):
         gate_up[e]: ``[2 * intermediate, ...]`` encoded weights of gate and up
             (rows ``[0, I)`` gate, ``[I, 2I)`` up; interleaved when
             ``gate_up_interleaved``: row 2j gate j, 2j+1 up j), each row the
             format's bytes for K = hidden (docs/FORMATS.md): bf16 ``[2I, H]``
             bf16, fp8_block / mxfp8 ``[2I, H]`` of 1-byte elements, mxfp4 / ds_fp4
             / nvfp4 ``[2I, H/2]`` uint8 (or ``[2I, H/32, 16]``), q4_0 / q8_0
-            ``[2I, H/32 * 18 or 34]`` uint8.
+            ``[2I, H/32 * 18 or 34]`` uint8, the K-quants ``[2I, H/256 * bytes of
+            a super-block]`` uint8.
+        gate[e], up[e]: ``[intermediate, ...]`` each, rows of K = hidden (instead
+            of gate_up).
         down[e]: ``[hidden, ...]``, rows of K = intermediate.
         *_scales[e]: block scales: fp8_block ``[ceil(rows/128), >= ceil(K/128)]``
             bf16 or f32; mxfp4 / ds_fp4 / mxfp8 ``[rows, >= K/g]`` e8m0 (uint8);
             nvfp4 ``[rows, >= K/16]`` e4m3. Wider rows (padding), or a column slice
-            of a wider tensor, give the scale row stride. None for bf16, q4_0, q8_0.
+            of a wider tensor, give the scale row stride. None for bf16, q4_0,
+            q8_0 and the K-quants.
         *_row_scales[e]: nvfp4 only, fp32 ``[rows]``.
         *_bias[e]: optional bf16 ``[rows]``.
 
@@ -239,17 +341,27 @@ class MoE:
 
     Args:
         context: the :class:`Context` whose threads and tier the layer uses.
-        format: "bf16", "fp8_block", "mxfp4", "q8_0", ... or the format id.
+        format: "bf16", "fp8_block", "mxfp4", "q8_0", ... or the format id: the
+            format of gate_up, or of gate (and of up and down unless up_format /
+            down_format say otherwise).
         top_k: routes per token (topk_ids / topk_weights have top_k columns).
         hidden, intermediate, num_experts: None infers them from the banks.
         max_tokens: the largest num_tokens a call may pass (scratch is sized once).
         scale_dtype: fp8_block scales "bf16" or "f32"; None: the scale arrays' dtype.
         group_size: mxfp8 group (None or 0 = 32, 32, 64, 128).
+        up_format, down_format: that projection's own encoding (a format name or
+            id, a ``(format, scale_dtype, group_size)`` tuple or a
+            :class:`ProjFormat`); None: as gate. up_format needs separate banks.
         activation: "silu", "gelu", "gelu_tanh", "swiglu_oai", "swiglu_clamp".
         swiglu_alpha: None = 1.702. swiglu_limit: None = no clamp.
+        gate_up_interleaved: the fused bank's rows alternate gate and up (only
+            with gate_up).
         router_weight_on_input: multiply the router weight into gate/up instead of
             the output.
         output_dtype: "bf16" or "f32" (the dtype of forward's output).
+        source: any object the layer should hold for its lifetime and report as
+            :attr:`source` (the loaders put the file reader whose maps the banks
+            view there).
     """
 
     def __init__(
@@ -257,14 +369,22 @@ class MoE:
         context: Context,
         *,
         format: N.NameOrId,
-        gate_up: Bank,
         down: Bank,
         top_k: int,
+        gate_up: Optional[Bank] = None,
+        gate: Optional[Bank] = None,
+        up: Optional[Bank] = None,
         gate_up_scales: Optional[Bank] = None,
+        gate_scales: Optional[Bank] = None,
+        up_scales: Optional[Bank] = None,
         down_scales: Optional[Bank] = None,
         gate_up_row_scales: Optional[Bank] = None,
+        gate_row_scales: Optional[Bank] = None,
+        up_row_scales: Optional[Bank] = None,
         down_row_scales: Optional[Bank] = None,
         gate_up_bias: Optional[Bank] = None,
+        gate_bias: Optional[Bank] = None,
+        up_bias: Optional[Bank] = None,
         down_bias: Optional[Bank] = None,
         hidden: Optional[int] = None,
         intermediate: Optional[int] = None,
@@ -272,57 +392,94 @@ class MoE:
         max_tokens: int = 16,
         scale_dtype: Any = None,
         group_size: Optional[int] = None,
+        up_format: Any = None,
+        down_format: Any = None,
         activation: N.NameOrId = "silu",
         swiglu_alpha: Optional[float] = None,
         swiglu_limit: Optional[float] = None,
         gate_up_interleaved: bool = False,
         router_weight_on_input: bool = False,
         output_dtype: Any = "bf16",
+        source: Any = None,
     ):
         if not isinstance(context, Context):
             raise InvalidArgument(f"context must be a moejit.Context, got {type(context).__name__}")
+        interleaved = _bool(gate_up_interleaved, "gate_up_interleaved")
+        separate = _check_bank_form(
+            gate_up, gate, up, interleaved, up_format,
+            {"gate_up_scales": gate_up_scales, "gate_up_row_scales": gate_up_row_scales,
+             "gate_up_bias": gate_up_bias},
+            {"gate_scales": gate_scales, "up_scales": up_scales, "gate_row_scales": gate_row_scales,
+             "up_row_scales": up_row_scales, "gate_bias": gate_bias, "up_bias": up_bias})
         group = 0 if group_size is None else _int(group_size, "group_size")
         fid, fname, lay = _fmt(format, group)
         e = None if num_experts is None else _int(num_experts, "num_experts", 1)
-        gu = B.experts(gate_up, "gate_up", e)
-        e = len(gu)
+        first = "gate" if separate else "gate_up"
+        g0 = B.experts(gate if separate else gate_up, first, e)
+        e = len(g0)
         if e < 1:
-            raise InvalidArgument("gate_up: no experts")
+            raise InvalidArgument(f"{first}: no experts")
         dn = B.experts(down, "down", e)
-        gu_s = _optional_bank(gate_up_scales, "gate_up_scales", e)
         dn_s = _optional_bank(down_scales, "down_scales", e)
-        gu_r = _optional_bank(gate_up_row_scales, "gate_up_row_scales", e)
         dn_r = _optional_bank(down_row_scales, "down_row_scales", e)
-        gu_b = _optional_bank(gate_up_bias, "gate_up_bias", e)
         dn_b = _optional_bank(down_bias, "down_bias", e)
+        if separate:
+            up_v = B.experts(up, "up", e)
+            g_s, u_s = _optional_bank(gate_scales, "gate_scales", e), _optional_bank(up_scales, "up_scales", e)
+            g_r = _optional_bank(gate_row_scales, "gate_row_scales", e)
+            u_r = _optional_bank(up_row_scales, "up_row_scales", e)
+            g_b, u_b = _optional_bank(gate_bias, "gate_bias", e), _optional_bank(up_bias, "up_bias", e)
+        else:
+            g_s = _optional_bank(gate_up_scales, "gate_up_scales", e)
+            g_r = _optional_bank(gate_up_row_scales, "gate_up_row_scales", e)
+            g_b = _optional_bank(gate_up_bias, "gate_up_bias", e)
+
+        # Each projection's encoding: gate's from the layer's fields, up's and down's
+        # their own or gate's.
+        sdt = _scale_dtype(fname, scale_dtype, [s for s in g_s if s is not None], "scale_dtype")
+        gp = _Proj(fid, fname, lay, sdt, group)
+        upp = _resolve_proj(up_format, "up_format", u_s, gp) if separate else gp
+        dnp = _resolve_proj(down_format, "down_format", dn_s, gp)
 
         # Geometry: given, or read from expert 0's shapes (then every expert is checked).
-        gu_rows, h = B.infer_k(lay, gu[0], "gate_up[0]")
-        h_rows, i = B.infer_k(lay, dn[0], "down[0]")
+        g_rows, h = B.infer_k(gp.lay, g0[0], f"{first}[0]")
+        B.infer_k(dnp.lay, dn[0], "down[0]")
         if hidden is None:
             hidden = h
         if intermediate is None:
-            if gu_rows % 2:
-                raise InvalidArgument(f"gate_up[0]: {gu_rows} rows, expected 2 * intermediate")
-            intermediate = gu_rows // 2
+            if separate:
+                intermediate = g_rows
+            else:
+                if g_rows % 2:
+                    raise InvalidArgument(f"gate_up[0]: {g_rows} rows, expected 2 * intermediate")
+                intermediate = g_rows // 2
         hidden = _int(hidden, "hidden", 1)
         intermediate = _int(intermediate, "intermediate", 1)
-        B.check_k(lay, hidden, "hidden")
-        B.check_k(lay, intermediate, "intermediate")
-        sdt = _scale_dtype(fname, scale_dtype, [s for s in gu_s if s is not None], "gate_up_scales")
+        B.check_k(gp.lay, hidden, "hidden")
+        if upp is not gp:
+            B.check_k(upp.lay, hidden, "hidden (up's K)")
+        B.check_k(dnp.lay, intermediate, "intermediate" if dnp is gp else "intermediate (down's K)")
 
         def names(bank: str, x: int) -> dict[str, str]:
             return {k: f"{bank}{suffix}[{x}]" for k, suffix in
                     (("data", ""), ("scales", "_scales"), ("row_scales", "_row_scales"), ("bias", "_bias"))}
 
-        gu_m = [
-            B.matrix(lay, 2 * intermediate, hidden, sdt, gu[x], gu_s[x], gu_r[x], gu_b[x], names("gate_up", x),
-                     f"2 * intermediate = {2 * intermediate}")
-            for x in range(e)
-        ]
+        i_desc = f"intermediate = {intermediate}"
+        if separate:
+            g_m = [B.matrix(gp.lay, intermediate, hidden, gp.scale_dtype, g0[x], g_s[x], g_r[x], g_b[x],
+                            names("gate", x), i_desc) for x in range(e)]
+            u_m = [B.matrix(upp.lay, intermediate, hidden, upp.scale_dtype, up_v[x], u_s[x], u_r[x], u_b[x],
+                            names("up", x), i_desc) for x in range(e)]
+            gu_m = None
+            self._formats = {"gate": gp.public(), "up": upp.public(), "down": dnp.public()}
+        else:
+            gu_m = [B.matrix(gp.lay, 2 * intermediate, hidden, gp.scale_dtype, g0[x], g_s[x], g_r[x], g_b[x],
+                             names("gate_up", x), f"2 * intermediate = {2 * intermediate}") for x in range(e)]
+            g_m = u_m = None
+            self._formats = {"gate_up": gp.public(), "down": dnp.public()}
         dn_m = [
-            B.matrix(lay, hidden, intermediate, sdt, dn[x], dn_s[x], dn_r[x], dn_b[x], names("down", x),
-                     f"hidden = {hidden}")
+            B.matrix(dnp.lay, hidden, intermediate, dnp.scale_dtype, dn[x], dn_s[x], dn_r[x], dn_b[x],
+                     names("down", x), f"hidden = {hidden}")
             for x in range(e)
         ]
         self._context = context
@@ -336,6 +493,7 @@ class MoE:
         self._activation = N.activation_id(activation)
         self._scale_dtype = sdt
         self._group_size = group
+        self._separate = separate
         self._core = _core.MoE(
             context._core,
             fid,
@@ -349,12 +507,17 @@ class MoE:
             self._activation,
             0.0 if swiglu_alpha is None else _float(swiglu_alpha, "swiglu_alpha"),
             0.0 if swiglu_limit is None else _float(swiglu_limit, "swiglu_limit"),
-            _bool(gate_up_interleaved, "gate_up_interleaved"),
+            interleaved,
             _bool(router_weight_on_input, "router_weight_on_input"),
             self._out_dtype,
             gu_m,
             dn_m,
+            g_m,
+            u_m,
+            None if up_format is None or not separate else upp.c(),
+            None if down_format is None else dnp.c(),
         )
+        self._source = source
 
     # ---- calls ----
 
@@ -441,7 +604,26 @@ class MoE:
 
     @property
     def format(self) -> str:
+        """The format of gate_up, or of gate with separate banks (see :attr:`formats`)."""
         return self._format
+
+    @property
+    def formats(self) -> dict[str, ProjFormat]:
+        """Each projection's encoding, by bank: ``{"gate_up": ..., "down": ...}`` or
+        ``{"gate": ..., "up": ..., "down": ...}``, as :class:`ProjFormat` of names
+        (group_size 0 = the format's default)."""
+        return dict(self._formats)
+
+    @property
+    def separate_banks(self) -> bool:
+        """Whether gate and up are separate banks (else one fused gate_up bank)."""
+        return self._separate
+
+    @property
+    def source(self) -> Any:
+        """What the layer was built from and holds for its lifetime (the loaders'
+        file reader and layer description), or the ``source`` given; None by default."""
+        return self._source
 
     @property
     def hidden(self) -> int:
@@ -478,11 +660,12 @@ class MoE:
     def bank_pointers(self) -> dict[str, list[dict[str, int]]]:
         """The addresses the C layer reads, per bank and expert: ``{"gate_up": [{"data",
         "scales", "row_scales", "bias", "scale_row_stride"}, ...], "down": [...]}``
-        (0 where absent). Compare with your arrays' addresses to see that nothing
-        was copied."""
+        (``"gate"``, ``"up"``, ``"down"`` with separate banks; 0 where absent).
+        Compare with your arrays' addresses to see that nothing was copied."""
         if self.closed:
             raise InvalidArgument("MoE is closed")
-        return {"gate_up": [_ptrs(m) for m in self._core.gate_up], "down": [_ptrs(m) for m in self._core.down]}
+        banks = ("gate", "up", "down") if self._separate else ("gate_up", "down")
+        return {b: [_ptrs(m) for m in getattr(self._core, b)] for b in banks}
 
     def __repr__(self) -> str:
         return (f"moejit.MoE(format={self._format!r}, hidden={self._hidden}, intermediate={self._intermediate}, "
@@ -536,7 +719,7 @@ class Linear:
         sv = None if scales is None else A.view(scales, "scales")
         rv = None if row_scales is None else A.view(row_scales, "row_scales")
         bv = None if bias is None else A.view(bias, "bias")
-        sdt = _scale_dtype(fname, scale_dtype, [sv] if sv is not None else None, "scales")
+        sdt = _scale_dtype(fname, scale_dtype, [sv] if sv is not None else None, "scale_dtype")
         m = B.matrix(lay, rows, cols, sdt, wv, sv, rv, bv,
                      {"data": "weight", "scales": "scales", "row_scales": "row_scales", "bias": "bias"},
                      f"rows = {rows}")

@@ -76,6 +76,10 @@ def _plain(name, dtypes, bpe, desc, k_multiple=1, scale_kind=None, group=0, row_
     return Layout(name, dtypes, k_multiple, 0, 0, bpe, scale_kind, group, row_scales, desc)
 
 
+# Bytes of one super-block of 256 weights (docs/FORMATS.md; ggml-common.h).
+_KQUANT_BYTES = {"q4_K": 144, "q5_K": 176, "q6_K": 210, "q2_K": 84, "q3_K": 110}
+
+
 def layout(format_name: str, group_size: int = 0) -> Layout | None:
     """The layout of a format by name (group_size: mxfp8's 0 = 32, 32, 64, 128); None
     for a format id this package does not describe."""
@@ -91,4 +95,8 @@ def layout(format_name: str, group_size: int = 0) -> Layout | None:
         "mxfp8_e4m3": _plain("mxfp8_e4m3", E4M3, 1, "1 byte (e4m3) per weight", g, "e8m0", g),
         "mxfp8_e5m2": _plain("mxfp8_e5m2", E5M2, 1, "1 byte (e5m2) per weight", g, "e8m0", g),
     }
+    # The GGUF K-quants (ggml's block_q*_K, super-blocks of 256 weights, scales inline).
+    for name, nbytes in _KQUANT_BYTES.items():
+        table[name] = Layout(name, BYTES, 256, 256, nbytes, 0, None, 0, False,
+                             f"super-blocks of 256 weights in {nbytes} bytes")
     return table.get(format_name)

@@ -11,11 +11,13 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moejit.h"
@@ -144,24 +146,50 @@ std::vector<moejit_matrix> c_bank(const std::vector<const Matrix*>& bank) {
 
 // ---- MoE layer ----
 
-struct MoeArgs {  // moejit_moe_desc less struct_size and the banks
+struct MoeArgs {  // moejit_moe_desc less struct_size, the banks and the per-projection formats
   int32_t format, scale_dtype, group_size, hidden, intermediate, num_experts, top_k, max_tokens, activation;
   float swiglu_alpha, swiglu_limit;
   bool gate_up_interleaved, router_weight_on_input;
   int32_t output_dtype;
 };
 
+// (format, scale_dtype, group_size) of one projection: moejit_proj_format.
+using ProjFormat = std::tuple<int32_t, int32_t, int32_t>;
+
+moejit_proj_format c_format(const ProjFormat& f) {
+  moejit_proj_format p{};
+  p.format = static_cast<moejit_format>(std::get<0>(f));
+  p.scale_dtype = static_cast<moejit_dtype>(std::get<1>(f));
+  p.group_size = std::get<2>(f);
+  return p;
+}
+
+// A bank given as a list of Matrix objects, or None (absent).
+std::vector<const Matrix*> bank_of(const nb::object& bank) {
+  std::vector<const Matrix*> out;
+  if (bank.is_none()) return out;
+  for (nb::handle h : nb::cast<nb::list>(bank)) out.push_back(&nb::cast<const Matrix&>(h));
+  return out;
+}
+
 class Moe {
  public:
-  // `context` is the Context object, `gate_up` / `down` lists of Matrix objects; all
-  // are held for the layer's lifetime (the C layer reads the memory they view).
-  Moe(nb::object context, const MoeArgs& a, nb::list gate_up, nb::list down)
-      : context_(std::move(context)), gate_up_(std::move(gate_up)), down_(std::move(down)) {
+  // `context` is the Context object; `gate_up`, `gate`, `up` lists of Matrix objects
+  // or None (the fused bank, or the separate pair), `down` a list; all are held for
+  // the layer's lifetime (the C layer reads the memory they view). The Python layer
+  // has checked which banks are given; the C library checks it again.
+  Moe(nb::object context, const MoeArgs& a, nb::object gate_up, nb::object gate, nb::object up, nb::list down,
+      const std::optional<ProjFormat>& up_format, const std::optional<ProjFormat>& down_format)
+      : context_(std::move(context)),
+        gate_up_(std::move(gate_up)),
+        gate_(std::move(gate)),
+        up_(std::move(up)),
+        down_(std::move(down)) {
     Context& ctx = nb::cast<Context&>(context_);
-    std::vector<const Matrix*> gu, dn;
-    for (nb::handle h : gate_up_) gu.push_back(&nb::cast<const Matrix&>(h));
+    std::vector<const Matrix*> dn;
     for (nb::handle h : down_) dn.push_back(&nb::cast<const Matrix&>(h));
-    const std::vector<moejit_matrix> gu_c = c_bank(gu), dn_c = c_bank(dn);
+    const std::vector<moejit_matrix> gu_c = c_bank(bank_of(gate_up_)), g_c = c_bank(bank_of(gate_)),
+                                     u_c = c_bank(bank_of(up_)), dn_c = c_bank(dn);
     moejit_moe_desc d{};
     d.struct_size = sizeof(d);
     d.format = static_cast<moejit_format>(a.format);
@@ -178,11 +206,26 @@ class Moe {
     d.gate_up_interleaved = a.gate_up_interleaved;
     d.router_weight_on_input = a.router_weight_on_input;
     d.output_dtype = static_cast<moejit_dtype>(a.output_dtype);
-    // The C layer reads exactly num_experts entries of each bank.
-    if (int64_t(gu_c.size()) < a.num_experts || int64_t(dn_c.size()) < a.num_experts)
+    // The C layer reads exactly num_experts entries of each bank it is given.
+    auto short_of = [&](const std::vector<moejit_matrix>& bank, const nb::object& given) {
+      return !given.is_none() && int64_t(bank.size()) < a.num_experts;
+    };
+    if (short_of(gu_c, gate_up_) || short_of(g_c, gate_) || short_of(u_c, up_) ||
+        int64_t(dn_c.size()) < a.num_experts)
       raise_status(MOEJIT_INVALID_ARGUMENT, "moejit._core.MoE: fewer matrices than num_experts");
-    d.gate_up = gu_c.data();
+    d.gate_up = gate_up_.is_none() ? nullptr : gu_c.data();
+    d.gate = gate_.is_none() ? nullptr : g_c.data();
+    d.up = up_.is_none() ? nullptr : u_c.data();
     d.down = dn_c.data();
+    moejit_proj_format uf{}, df{};
+    if (up_format) {
+      uf = c_format(*up_format);
+      d.up_format = &uf;
+    }
+    if (down_format) {
+      df = c_format(*down_format);
+      d.down_format = &df;
+    }
     Result r;
     {
       nb::gil_scoped_release unlocked;  // generates the kernels
@@ -201,7 +244,9 @@ class Moe {
       moejit_moe_destroy(moe_);
     }
     moe_ = nullptr;
-    gate_up_ = nb::list();
+    gate_up_ = nb::none();
+    gate_ = nb::none();
+    up_ = nb::none();
     down_ = nb::list();
   }
   bool closed() const { return moe_ == nullptr; }
@@ -237,12 +282,15 @@ class Moe {
   }
 
   nb::object context() const { return context_; }
-  nb::list gate_up() const { return gate_up_; }
+  nb::object gate_up() const { return gate_up_; }
+  nb::object gate() const { return gate_; }
+  nb::object up() const { return up_; }
   nb::list down() const { return down_; }
 
  private:
   nb::object context_;
-  nb::list gate_up_, down_;
+  nb::object gate_up_, gate_, up_;  // a list, or None
+  nb::list down_;
   moejit_moe* moe_ = nullptr;
 };
 
@@ -361,7 +409,8 @@ NB_MODULE(_core, m) {
           [](Moe* self, nb::object context, int32_t format, int32_t scale_dtype, int32_t group_size,
              int32_t hidden, int32_t intermediate, int32_t num_experts, int32_t top_k, int32_t max_tokens,
              int32_t activation, float swiglu_alpha, float swiglu_limit, bool gate_up_interleaved,
-             bool router_weight_on_input, int32_t output_dtype, nb::list gate_up, nb::list down) {
+             bool router_weight_on_input, int32_t output_dtype, nb::object gate_up, nb::list down, nb::object gate,
+             nb::object up, std::optional<ProjFormat> up_format, std::optional<ProjFormat> down_format) {
             const MoeArgs a{format,
                             scale_dtype,
                             group_size,
@@ -376,11 +425,14 @@ NB_MODULE(_core, m) {
                             gate_up_interleaved,
                             router_weight_on_input,
                             output_dtype};
-            new (self) Moe(std::move(context), a, std::move(gate_up), std::move(down));
+            new (self) Moe(std::move(context), a, std::move(gate_up), std::move(gate), std::move(up),
+                           std::move(down), up_format, down_format);
           },
           "context"_a, "format"_a, "scale_dtype"_a, "group_size"_a, "hidden"_a, "intermediate"_a,
           "num_experts"_a, "top_k"_a, "max_tokens"_a, "activation"_a, "swiglu_alpha"_a, "swiglu_limit"_a,
-          "gate_up_interleaved"_a, "router_weight_on_input"_a, "output_dtype"_a, "gate_up"_a, "down"_a)
+          "gate_up_interleaved"_a, "router_weight_on_input"_a, "output_dtype"_a, "gate_up"_a.none(), "down"_a,
+          "gate"_a.none() = nb::none(), "up"_a.none() = nb::none(), "up_format"_a.none() = nb::none(),
+          "down_format"_a.none() = nb::none())
       .def(
           "forward",
           [](Moe& s, int32_t t, const InArray& x, const InArray& ids, const InArray& w, const OutArray& y) {
@@ -400,6 +452,8 @@ NB_MODULE(_core, m) {
       .def_prop_ro("closed", &Moe::closed)
       .def_prop_ro("context", &Moe::context)
       .def_prop_ro("gate_up", &Moe::gate_up)
+      .def_prop_ro("gate", &Moe::gate)
+      .def_prop_ro("up", &Moe::up)
       .def_prop_ro("down", &Moe::down);
 
   nb::class_<Linear>(m, "Linear")

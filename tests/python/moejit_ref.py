@@ -200,13 +200,58 @@ class Bank:
         self.deq = np.stack([m.deq for m in mats])
 
 
+# GGUF K-quants: (gguf-py type name, super-block bytes, offset of d, offset of dmin or None,
+# the largest |sub-block scale * code| the fields can make, to size d).
+KQUANTS = {
+    "q4_K": ("Q4_K", 144, 0, 2, 63 * 15),
+    "q5_K": ("Q5_K", 176, 0, 2, 63 * 31),
+    "q6_K": ("Q6_K", 210, 208, None, 128 * 32),
+    "q2_K": ("Q2_K", 84, 80, 82, 15 * 3),
+    "q3_K": ("Q3_K", 110, 108, None, 32 * 4),
+}
+
+
+def kquant_random(fmt: str, rows: int, k: int, rng, scale=0.05) -> Quantized:
+    """A [rows, K] matrix of random valid K-quant super-blocks (every byte random,
+    then finite fp16 d / dmin sized so that weights are about `scale`), and the
+    weights gguf-py's ``gguf.quants.dequantize`` decodes from them. gguf-py has no
+    K-quant quantizer, so the bytes, not a float matrix, are the ground truth."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gdeq
+
+    tname, nbytes, d_off, m_off, top = KQUANTS[fmt]
+    blocks = rows * (k // 256)
+    data = rng.integers(0, 256, size=(blocks, nbytes), dtype=np.uint8)
+    d = (scale * 3 / top * np.exp2(rng.uniform(-1, 1, blocks))).astype(np.float16)
+    data[:, d_off:d_off + 2] = d.view(np.uint8).reshape(blocks, 2)
+    if m_off is not None:
+        dm = (scale * 3 / 63 / 8 * np.exp2(rng.uniform(-1, 1, blocks))).astype(np.float16)
+        data[:, m_off:m_off + 2] = dm.view(np.uint8).reshape(blocks, 2)
+    data = data.reshape(rows, k // 256 * nbytes)
+    deq = gdeq(data, getattr(GGMLQuantizationType, tname)).astype(np.float64).reshape(rows, k)
+    return Quantized(data, deq)
+
+
 def make_bank(fmt: str, experts: int, rows: int, k: int, rng, scale=0.05, **opts) -> Bank:
+    if fmt in KQUANTS:
+        return Bank([kquant_random(fmt, rows, k, rng, scale) for _ in range(experts)])
     # Row magnitudes vary over a few binades so block scales differ between blocks.
     mats = []
     for _ in range(experts):
         w = rng.standard_normal((rows, k)) * scale * np.exp2(rng.integers(-2, 3, size=(rows, 1)))
         mats.append(quantize(fmt, w, **opts))
     return Bank(mats)
+
+
+def separate_kwargs(g: Bank, u: Bank, dn: Bank) -> dict:
+    """MoE keyword arguments for separate gate, up and down banks."""
+    kw = {"gate": g.data, "up": u.data, "down": dn.data}
+    for name, b in (("gate", g), ("up", u), ("down", dn)):
+        if b.scales is not None:
+            kw[f"{name}_scales"] = b.scales
+        if b.row_scales is not None:
+            kw[f"{name}_row_scales"] = b.row_scales
+    return kw
 
 
 def moe_kwargs(gu: Bank, dn: Bank, suffix_scales=True) -> dict:
