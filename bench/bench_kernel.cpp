@@ -31,7 +31,9 @@ const int32_t kKs[] = {2048, 768};  // Qwen3-30B-A3B gate_up and down
 const int32_t kTokens[] = {1, 4};   // capped at the tier's tokens per call
 const moejit_format kFormats[] = {MOEJIT_FORMAT_BF16,       MOEJIT_FORMAT_FP8_BLOCK, MOEJIT_FORMAT_MXFP8_E4M3,
                                   MOEJIT_FORMAT_MXFP8_E5M2, MOEJIT_FORMAT_Q8_0,      MOEJIT_FORMAT_MXFP4,
-                                  MOEJIT_FORMAT_NVFP4,      MOEJIT_FORMAT_Q4_0};
+                                  MOEJIT_FORMAT_NVFP4,      MOEJIT_FORMAT_Q4_0,      MOEJIT_FORMAT_Q4_K,
+                                  MOEJIT_FORMAT_Q5_K,       MOEJIT_FORMAT_Q6_K,      MOEJIT_FORMAT_Q2_K,
+                                  MOEJIT_FORMAT_Q3_K};
 const jit::Isa kTiers[] = {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16};
 
 // The key the runtime resolves for a kRows-row call of a [*, k] matrix.
@@ -59,9 +61,11 @@ void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k
       m.scales ? moejit::formats::scale_cols(Format(f), moejit::formats::default_group(Format(f), 0), k) *
                      moejit::formats::scale_elem_bytes(Format(f), moejit::formats::ScaleDtype::bf16)
                : 0;
-  // Activations of 1.0 in any layout (bf16 0x3F80 or fp32 0x3F800000: both halves 1.0 or 0).
-  const size_t elem_bytes = jit::x_prep(isa, key.format, key.flags).elem_bytes();
-  const size_t xbytes = size_t(jit::x_stride(k)) * elem_bytes * size_t(tokens);
+  // Activations of 1.0 in any layout (bf16 0x3F80 or fp32 0x3F800000: both halves 1.0 or 0);
+  // the K-quants' sums of x, where the layout has them, are as arbitrary.
+  const jit::XPrep prep = jit::x_prep(isa, key.format, key.flags);
+  const size_t elem_bytes = prep.elem_bytes();
+  const size_t xbytes = size_t(prep.vector_bytes(k)) * size_t(tokens);
   std::vector<uint16_t> x(xbytes / 2, 0x3F80);
   if (elem_bytes == 4)
     for (size_t i = 0; i < x.size(); i += 2) x[i] = 0;

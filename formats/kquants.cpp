@@ -96,15 +96,22 @@ int64_t kquant_sub_sums_len(KQuant f, int64_t k) { return k / kquant_traits(f).s
 
 // ---------------------------------------------------------------- decoders
 
+int kquant_d_offset(KQuant f) { return d_offset(f); }
+
+int kquant_dmin_offset(KQuant f) {
+  switch (f) {
+    case KQuant::q4_K:
+    case KQuant::q5_K: return 2;
+    case KQuant::q2_K: return 82;
+    default: return -1;
+  }
+}
+
 float kquant_d(KQuant f, const uint8_t* blk) { return fp16_to_f32(get_u16(blk + d_offset(f))); }
 
 float kquant_dmin(KQuant f, const uint8_t* blk) {
-  switch (f) {
-    case KQuant::q4_K:
-    case KQuant::q5_K: return fp16_to_f32(get_u16(blk + 2));
-    case KQuant::q2_K: return fp16_to_f32(get_u16(blk + 82));
-    default: return 0.0f;
-  }
+  const int at = kquant_dmin_offset(f);
+  return at < 0 ? 0.0f : fp16_to_f32(get_u16(blk + at));
 }
 
 KQuantSub kquant_sub(KQuant f, const uint8_t* blk, int j) {

@@ -66,6 +66,9 @@ int64_t kquant_row_bytes(KQuant f, int64_t k);         // K / 256 * block_bytes
 int64_t kquant_sub_sums_len(KQuant f, int64_t k);      // K / sub_block_size
 
 // ---- one super-block `blk` (block_bytes bytes, any alignment) ----
+// Byte offsets of d and dmin in a super-block (dmin: -1 for q6_K and q3_K).
+int kquant_d_offset(KQuant f);
+int kquant_dmin_offset(KQuant f);
 float kquant_d(KQuant f, const uint8_t* blk);
 float kquant_dmin(KQuant f, const uint8_t* blk);  // +0.0 for the formats without mins
 struct KQuantSub {

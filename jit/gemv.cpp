@@ -81,7 +81,7 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     return false;
   }
   // Token offsets are 32-bit displacements.
-  const int64_t span = formats::row_bytes(f, key.k) + x_stride(key.k) * 4 * key.tokens;
+  const int64_t span = formats::row_bytes(f, key.k) + dec->x_prep().vector_bytes(key.k) * key.tokens;
   if (span > (int64_t(1) << 30)) {
     *why = "k is too large for 32-bit displacements";
     return false;

@@ -26,9 +26,9 @@ moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConf
   l->bias_ = w.bias;
   l->rb_ = p.rows_per_item;
   l->nblk_ = p.items;
-  l->xelem_ = l->mm_.x_elem_bytes();
+  l->xvec_ = l->mm_.x_vector_bytes();
   try {
-    l->x_prep_.assign(size_t(cfg.max_tokens) * size_t(l->mm_.x_stride()) * l->xelem_, 0);
+    l->x_prep_.assign(size_t(cfg.max_tokens) * l->xvec_, 0);
     if (formats::info(cfg.format).ds_numerics) l->x_rt_.assign(size_t(cfg.cols), 0);
     l->worker_floats_ = l->mm_.scratch_floats() + size_t(cfg.max_tokens) * size_t(l->rb_) + 16;
     l->worker_scratch_.assign(l->worker_floats_ * size_t(l->ctx_->num_threads()), 0.0f);
@@ -50,14 +50,13 @@ moejit_status LinearLayer::submit(int32_t T, const uint16_t* x, void* y, bool sy
   if (!ctx_->try_acquire(this)) return MOEJIT_BUSY;
   tokens_ = T;
   y_ = y;
-  const int64_t xs = mm_.x_stride();
   for (int32_t t = 0; t < T; ++t) {
     const uint16_t* xt = x + int64_t(t) * cfg_.cols;
     if (!x_rt_.empty()) {  // ds_fp4
       ds_act_roundtrip_n(xt, cfg_.cols, x_rt_.data(), ctx_->isa());
       xt = x_rt_.data();
     }
-    mm_.x_prepare(x_prep_.data() + size_t(t) * size_t(xs) * xelem_, xt);
+    mm_.x_prepare(x_prep_.data() + size_t(t) * xvec_, xt);
   }
   job_.counts[0] = nblk_;
   ctx_->launch(&job_, sync);

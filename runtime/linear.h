@@ -47,7 +47,7 @@ class LinearLayer {
   int64_t nblk_ = 0;
   std::vector<uint8_t> x_prep_;
   std::vector<uint16_t> x_rt_;  // ds_fp4: [cols], one token's x after the e4m3 round trip
-  size_t xelem_ = 4;
+  size_t xvec_ = 0;             // bytes of one prepared x vector (Matmul::x_vector_bytes)
   std::vector<float> worker_scratch_;
   size_t worker_floats_ = 0;
   Job job_;

@@ -34,13 +34,14 @@ moejit_status Matmul::init(const plan::MatrixPlan& p, std::string* err) {
 
 void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens, const void* x, float* y,
                  float* scratch, const void* prefetch) const {
-  const int64_t xs = x_stride();
+  const size_t vb = x_vector_bytes();
   if (isa_ == jit::Isa::scalar) {
     for (int t = 0; t < tokens; ++t)
-      formats::gemv_scalar(layout_, m, r0, n, static_cast<const float*>(x) + t * xs, y + int64_t(t) * n);
+      formats::gemv_scalar(layout_, m, r0, n,
+                           reinterpret_cast<const float*>(static_cast<const uint8_t*>(x) + size_t(t) * vb),
+                           y + int64_t(t) * n);
     return;
   }
-  const size_t xbytes = x_elem_bytes();
   const int64_t rb = formats::row_bytes(layout_.format, layout_.k);
   const int64_t sb = formats::scale_elem_bytes(layout_.format, layout_.scale_dtype);
   for (int t0 = 0; t0 < tokens; t0 += max_m_) {
@@ -55,7 +56,7 @@ void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens,
                                     (m.scale_stride ? m.scale_stride : layout_.scale_stride) * sb
                           : nullptr;
       a.row_scales = m.row_scales ? m.row_scales + r : nullptr;
-      a.x = static_cast<const uint8_t*>(x) + size_t(t0) * size_t(xs) * xbytes;
+      a.x = static_cast<const uint8_t*>(x) + size_t(t0) * vb;
       a.y = scratch;
       const uint8_t* wseg = static_cast<const uint8_t*>(a.w);
       a.w_prefetch = prefetch ? static_cast<const uint8_t*>(prefetch) + (r - r0) * rb : wseg + kPrefetchBytes;

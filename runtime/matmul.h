@@ -27,7 +27,7 @@ class Matmul {
   moejit_status init(const plan::MatrixPlan& p, std::string* err);
 
   // y[t * n + i] = dot(row r0 + i, x[t]) for t < tokens, i < n. x holds `tokens`
-  // prepared vectors of x_stride() elements. `scratch` holds scratch_floats().
+  // prepared vectors of x_vector_bytes() bytes. `scratch` holds scratch_floats().
   // `prefetch` is the first weight row of a later call of this thread, fetched
   // while this one runs; nullptr means the bytes kPrefetchBytes past these rows
   // (a thread reading one matrix front to back).
@@ -41,6 +41,10 @@ class Matmul {
   }
 
   int64_t x_stride() const { return jit::x_stride(layout_.k); }
+  // Bytes of one prepared vector: x_stride() elements, and the sums of x where
+  // the kernels read them (K-quants). Vectors of a call lie this far apart.
+  size_t x_vector_bytes() const { return size_t(xprep_.vector_bytes(layout_.k)); }
+  const jit::XPrep& x_prep() const { return xprep_; }
   jit::XLayout x_layout() const { return xprep_.layout(); }
   size_t x_elem_bytes() const { return xprep_.elem_bytes(); }
   // Writes activation k (a value exact in bf16) of one prepared vector.

@@ -73,10 +73,13 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   const int64_t b2 = dn.call_bytes(p.rows2);
   m->ahead1_ = far1 ? std::max<int64_t>(1, (kPrefetchBytes + b1 - 1) / b1) : 1;
   m->ahead2_ = p.mats[plan::kDown].far_prefetch() ? std::max<int64_t>(1, (kPrefetchBytes + b2 - 1) / b2) : 1;
-  m->x_sets_ = p.separate() && m->mm_[plan::kUp].x_layout() != gate.x_layout() ? 2 : 1;
+  const jit::XPrep &xg = gate.x_prep(), &xu = m->mm_[plan::kUp].x_prep();
+  const bool same_x = xu.layout() == xg.layout() && xu.sums().span == xg.sums().span &&
+                      xu.sums().block == xg.sums().block;  // sums of x included (K-quants)
+  m->x_sets_ = p.separate() && !same_x ? 2 : 1;
   for (int s = 0; s < m->x_sets_; ++s)
-    m->xvec_[s] = size_t(gate.x_stride()) * m->mm_[s == 0 ? plan::kGate : plan::kUp].x_elem_bytes();
-  m->gvec_ = size_t(dn.x_stride()) * dn.x_elem_bytes();
+    m->xvec_[s] = m->mm_[s == 0 ? plan::kGate : plan::kUp].x_vector_bytes();
+  m->gvec_ = dn.x_vector_bytes();
   const size_t T = size_t(cfg.max_tokens), K = size_t(cfg.top_k), R = T * K;
   const size_t gmax = size_t(p.group_max);
   try {

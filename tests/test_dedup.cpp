@@ -152,7 +152,6 @@ TEST(Dedup, SameBitsOnAndOffEveryTierAndRouting) {
   for (int format = 0; format <= moejit_max_format_id(); ++format) {
     const Bank b = make_bank(format, rng);
     for (int isa = MOEJIT_ISA_SCALAR; isa <= moejit_host_isa(); ++isa) {
-      if (fm::is_kquant(fm::Format(format)) && isa != MOEJIT_ISA_SCALAR) continue;  // JIT decoders: next
       for (Routing r : {Routing::random, Routing::skewed, Routing::same}) {
         const std::vector<int32_t> ids = make_ids(r, rng);
         for (int T : {1, 2, 3, 8, 17, 33, 64}) {

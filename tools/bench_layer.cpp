@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "formats/formats.h"
+#include "formats/kquants.h"
 
 namespace moejit_bench {
 
@@ -66,8 +67,10 @@ Shaper scale_shaper(moejit_format f, fmt::ScaleDtype dt) {
   }
 }
 
-// GGUF q4_0 / q8_0: overwrite each block's leading fp16 `d` with a finite value ~[1e-3, 1.5e-2].
-void patch_gguf_scales(uint8_t* data, int64_t bytes, int64_t block_bytes, uint64_t seed) {
+// GGUF blocks: overwrite each block's fp16 `d` (at d_at) and, where the format
+// has one, `dmin` (dmin_at >= 0) with finite values ~[1e-3, 1.5e-2].
+void patch_gguf_scales(uint8_t* data, int64_t bytes, int64_t block_bytes, uint64_t seed, int d_at = 0,
+                       int dmin_at = -1) {
   constexpr int64_t kBlocksPerChunk = int64_t(1) << 20;
   const int64_t blocks = bytes / block_bytes;
   parallel_for((blocks + kBlocksPerChunk - 1) / kBlocksPerChunk, int(affinity_cpus().size()), [&](int64_t c) {
@@ -75,7 +78,10 @@ void patch_gguf_scales(uint8_t* data, int64_t bytes, int64_t block_bytes, uint64
     for (int64_t b = c * kBlocksPerChunk; b < std::min(blocks, (c + 1) * kBlocksPerChunk); ++b) {
       const uint64_t r = rng.next();
       const uint16_t d = uint16_t(((5 + (r & 3)) << 10) | ((r >> 2) & 0x3FF));
-      std::memcpy(data + b * block_bytes, &d, 2);
+      std::memcpy(data + b * block_bytes + d_at, &d, 2);
+      if (dmin_at < 0) continue;
+      const uint16_t dmin = uint16_t(((5 + ((r >> 12) & 3)) << 10) | ((r >> 14) & 0x3FF));
+      std::memcpy(data + b * block_bytes + dmin_at, &dmin, 2);
     }
   });
 }
@@ -108,9 +114,10 @@ const std::vector<Preset>& presets() {
 
 const std::vector<moejit_format>& all_formats() {
   static const std::vector<moejit_format> kAll = {
-      MOEJIT_FORMAT_BF16,   MOEJIT_FORMAT_NVFP4,      MOEJIT_FORMAT_MXFP4,
-      MOEJIT_FORMAT_DS_FP4, MOEJIT_FORMAT_Q4_0,       MOEJIT_FORMAT_FP8_BLOCK,
-      MOEJIT_FORMAT_Q8_0,   MOEJIT_FORMAT_MXFP8_E4M3, MOEJIT_FORMAT_MXFP8_E5M2};
+      MOEJIT_FORMAT_BF16,       MOEJIT_FORMAT_NVFP4,     MOEJIT_FORMAT_MXFP4, MOEJIT_FORMAT_DS_FP4,
+      MOEJIT_FORMAT_Q4_0,       MOEJIT_FORMAT_FP8_BLOCK, MOEJIT_FORMAT_Q8_0,  MOEJIT_FORMAT_MXFP8_E4M3,
+      MOEJIT_FORMAT_MXFP8_E5M2, MOEJIT_FORMAT_Q4_K,      MOEJIT_FORMAT_Q5_K,  MOEJIT_FORMAT_Q6_K,
+      MOEJIT_FORMAT_Q2_K,       MOEJIT_FORMAT_Q3_K};
   return kAll;
 }
 
@@ -161,6 +168,11 @@ MatrixBank::MatrixBank(moejit_format f, const Geometry& g, int64_t rows, int64_t
   fill_words(data_.data(), data_.size(), seed, data_shaper(f));
   if (f == MOEJIT_FORMAT_Q4_0) patch_gguf_scales(data_.data(), int64_t(data_.size()), 18, seed + 7);
   if (f == MOEJIT_FORMAT_Q8_0) patch_gguf_scales(data_.data(), int64_t(data_.size()), 34, seed + 7);
+  if (fmt::is_kquant(to_fmt(f))) {
+    const fmt::KQuant kq = fmt::KQuant(int32_t(f));
+    patch_gguf_scales(data_.data(), int64_t(data_.size()), fmt::info(to_fmt(f)).block_bytes, seed + 7,
+                      fmt::kquant_d_offset(kq), fmt::kquant_dmin_offset(kq));
+  }
   if (bytes_.scales > 0) {
     scales_ = Buffer(size_t(bytes_.scales * stored));
     fill_words(scales_.data(), scales_.size(), seed + 13, scale_shaper(f, scale_dtype_of(f, g)));
