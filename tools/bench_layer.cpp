@@ -114,16 +114,31 @@ const std::vector<Preset>& presets() {
 
 const std::vector<moejit_format>& all_formats() {
   static const std::vector<moejit_format> kAll = {
-      MOEJIT_FORMAT_BF16,       MOEJIT_FORMAT_NVFP4,     MOEJIT_FORMAT_MXFP4, MOEJIT_FORMAT_DS_FP4,
-      MOEJIT_FORMAT_Q4_0,       MOEJIT_FORMAT_FP8_BLOCK, MOEJIT_FORMAT_Q8_0,  MOEJIT_FORMAT_MXFP8_E4M3,
-      MOEJIT_FORMAT_MXFP8_E5M2, MOEJIT_FORMAT_Q4_K,      MOEJIT_FORMAT_Q5_K,  MOEJIT_FORMAT_Q6_K,
-      MOEJIT_FORMAT_Q2_K,       MOEJIT_FORMAT_Q3_K};
+      MOEJIT_FORMAT_BF16,   MOEJIT_FORMAT_NVFP4,      MOEJIT_FORMAT_MXFP4,
+      MOEJIT_FORMAT_DS_FP4, MOEJIT_FORMAT_Q4_0,       MOEJIT_FORMAT_FP8_BLOCK,
+      MOEJIT_FORMAT_Q8_0,   MOEJIT_FORMAT_MXFP8_E4M3, MOEJIT_FORMAT_MXFP8_E5M2,
+      MOEJIT_FORMAT_Q4_K,   MOEJIT_FORMAT_Q5_K,       MOEJIT_FORMAT_Q6_K,
+      MOEJIT_FORMAT_Q2_K,   MOEJIT_FORMAT_Q3_K,       kMixQ4KM};
   return kAll;
 }
 
-const char* format_label(moejit_format f) { return fmt::format_name(to_fmt(f)); }
+bool is_mix(moejit_format f) { return f == kMixQ4KM; }
+
+ProjFormats proj_formats(moejit_format f) {
+  if (f == kMixQ4KM) return {MOEJIT_FORMAT_Q4_K, MOEJIT_FORMAT_Q4_K, MOEJIT_FORMAT_Q6_K};
+  return {f, f, f};
+}
+
+Geometry layer_geometry(moejit_format f, const Geometry& g) {
+  Geometry l = g;
+  if (is_mix(f) && !g.fused_given) l.separate = true, l.interleaved = false;
+  return l;
+}
+
+const char* format_label(moejit_format f) { return f == kMixQ4KM ? "q4_K_M" : fmt::format_name(to_fmt(f)); }
 
 bool parse_format(const std::string& name, moejit_format* out) {
+  if (name == "q4_K_M") return *out = kMixQ4KM, true;
   fmt::Format f;
   if (!fmt::format_from_name(name.c_str(), &f)) return false;
   *out = static_cast<moejit_format>(f);
@@ -140,11 +155,14 @@ MatrixBytes matrix_bytes(moejit_format f, const Geometry& g, int64_t rows, int64
   return b;
 }
 
-int64_t expert_bytes(moejit_format f, const Geometry& g) {
+int64_t expert_bytes(moejit_format f, const Geometry& geom) {
   // Separate banks: two [I, H] matrices (fp8_block's 128-row scale blocks per bank).
-  const int64_t gate_up = g.separate ? 2 * matrix_bytes(f, g, g.intermediate, g.hidden).total()
-                                     : matrix_bytes(f, g, 2 * int64_t(g.intermediate), g.hidden).total();
-  return gate_up + matrix_bytes(f, g, g.hidden, g.intermediate).total();
+  const Geometry g = layer_geometry(f, geom);
+  const ProjFormats p = proj_formats(f);
+  const int64_t gate_up = g.separate ? matrix_bytes(p.gate, g, g.intermediate, g.hidden).total() +
+                                           matrix_bytes(p.up, g, g.intermediate, g.hidden).total()
+                                     : matrix_bytes(p.gate, g, 2 * int64_t(g.intermediate), g.hidden).total();
+  return gate_up + matrix_bytes(p.down, g, g.hidden, g.intermediate).total();
 }
 
 double bytes_per_weight(moejit_format f, const Geometry& g) {
@@ -153,10 +171,16 @@ double bytes_per_weight(moejit_format f, const Geometry& g) {
 
 std::string check_geometry(moejit_format f, const Geometry& g) {
   const char* why = "";
-  if (!fmt::k_is_valid(to_fmt(f), group_of(f, g), g.hidden, &why))
-    return std::string("hidden ") + std::to_string(g.hidden) + " " + why;
-  if (!fmt::k_is_valid(to_fmt(f), group_of(f, g), g.intermediate, &why))
-    return std::string("intermediate ") + std::to_string(g.intermediate) + " " + why;
+  const ProjFormats p = proj_formats(f);
+  // A mix names the projection's format.
+  const auto of = [&](moejit_format pf) {
+    return is_mix(f) ? std::string(" (") + format_label(pf) + ")" : "";
+  };
+  for (moejit_format gu : {p.gate, p.up})
+    if (!fmt::k_is_valid(to_fmt(gu), group_of(gu, g), g.hidden, &why))
+      return std::string("hidden ") + std::to_string(g.hidden) + " " + why + of(gu);
+  if (!fmt::k_is_valid(to_fmt(p.down), group_of(p.down, g), g.intermediate, &why))
+    return std::string("intermediate ") + std::to_string(g.intermediate) + " " + why + of(p.down);
   return "";
 }
 
@@ -214,15 +238,19 @@ int32_t cold_pool_slots(moejit_format f, const Geometry& g, int64_t l3_bytes) {
 
 Layer::Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing, int32_t slots)
     : format_(f),
-      geometry_(g),
+      geometry_(layer_geometry(f, g)),
       slots_(std::max(slots, g.experts)),
       backing_(backing > 0 ? std::min(backing, slots_) : slots_),
       ring_(size_t(slots_)),
       slot_of_(size_t(g.experts), -1) {
-  const int64_t gate_rows = g.separate ? int64_t(g.intermediate) : 2 * int64_t(g.intermediate);
-  gate_up_ = MatrixBank(f, g, gate_rows, g.hidden, slots_, backing_, seed * 4 + 1);
-  if (g.separate) up_ = MatrixBank(f, g, g.intermediate, g.hidden, slots_, backing_, seed * 4 + 3);
-  down_ = MatrixBank(f, g, g.hidden, g.intermediate, slots_, backing_, seed * 4 + 2);
+  const Geometry& lg = geometry_;
+  const ProjFormats p = proj_formats(f);
+  const int64_t gate_rows = lg.separate ? int64_t(lg.intermediate) : 2 * int64_t(lg.intermediate);
+  gate_up_ = MatrixBank(p.gate, lg, gate_rows, lg.hidden, slots_, backing_, seed * 4 + 1);
+  if (lg.separate) up_ = MatrixBank(p.up, lg, lg.intermediate, lg.hidden, slots_, backing_, seed * 4 + 3);
+  down_ = MatrixBank(p.down, lg, lg.hidden, lg.intermediate, slots_, backing_, seed * 4 + 2);
+  up_fmt_ = {p.up, MOEJIT_DTYPE_BF16, 0};
+  down_fmt_ = {p.down, MOEJIT_DTYPE_BF16, 0};
   std::iota(ring_.begin(), ring_.end(), 0);
   Rng rng(seed * 4 + 3);
   for (int32_t i = slots_ - 1; i > 0; --i) std::swap(ring_[size_t(i)], ring_[rng.below(uint32_t(i + 1))]);
@@ -273,6 +301,11 @@ moejit_moe_desc Layer::desc(int32_t max_tokens) const {
     d.gate_up = gate_up_.data();
   }
   d.down = down_.data();
+  if (is_mix(format_)) {
+    d.format = proj_formats(format_).gate;
+    if (geometry_.separate) d.up_format = &up_fmt_;
+    d.down_format = &down_fmt_;
+  }
   return d;
 }
 
