@@ -91,4 +91,8 @@ def layout(format_name: str, group_size: int = 0) -> Layout | None:
         "mxfp8_e4m3": _plain("mxfp8_e4m3", E4M3, 1, "1 byte (e4m3) per weight", g, "e8m0", g),
         "mxfp8_e5m2": _plain("mxfp8_e5m2", E5M2, 1, "1 byte (e5m2) per weight", g, "e8m0", g),
     }
+    # GGUF K-quants: super-blocks of 256 weights with their scales inline, as ggml stores them.
+    for name, nbytes in (("q4_K", 144), ("q5_K", 176), ("q6_K", 210), ("q2_K", 84), ("q3_K", 110)):
+        table[name] = Layout(name, BYTES, 256, 256, nbytes, 0, None, 0, False,
+                             f"super-blocks of 256 weights in {nbytes} bytes")
     return table.get(format_name)
