@@ -32,7 +32,9 @@ const int32_t kKs[] = {2048, 768};     // Qwen3-30B-A3B gate_up and down
 const int32_t kTokens[] = {1, 4, 16};  // capped at the tier's tokens per call
 const moejit_format kFormats[] = {MOEJIT_FORMAT_BF16,       MOEJIT_FORMAT_FP8_BLOCK, MOEJIT_FORMAT_MXFP8_E4M3,
                                   MOEJIT_FORMAT_MXFP8_E5M2, MOEJIT_FORMAT_Q8_0,      MOEJIT_FORMAT_MXFP4,
-                                  MOEJIT_FORMAT_NVFP4,      MOEJIT_FORMAT_Q4_0};
+                                  MOEJIT_FORMAT_NVFP4,      MOEJIT_FORMAT_Q4_0,      MOEJIT_FORMAT_Q4_K,
+                                  MOEJIT_FORMAT_Q5_K,       MOEJIT_FORMAT_Q6_K,      MOEJIT_FORMAT_Q2_K,
+                                  MOEJIT_FORMAT_Q3_K};
 // The tiers with kernel bodies of their own (jit/tiers.h: every tier but scalar).
 std::vector<jit::Isa> kernel_tiers() {
   std::vector<jit::Isa> r;

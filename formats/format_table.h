@@ -19,8 +19,13 @@ enum class Format : int32_t {
   q8_0 = 6,
   mxfp8_e4m3 = 7,
   mxfp8_e5m2 = 8,
+  q4_K = 9,  // GGUF K-quants (formats/kquants.h has their layouts)
+  q5_K = 10,
+  q6_K = 11,
+  q2_K = 12,
+  q3_K = 13,
 };
-constexpr int32_t kMaxFormatId = 8;
+constexpr int32_t kMaxFormatId = 13;
 
 enum class ScaleDtype : int32_t { bf16 = 0, f32 = 1 };
 
@@ -29,17 +34,20 @@ enum class Element : uint8_t {
   bf16,
   e4m3,
   e5m2,
-  e2m1,  // 4-bit float, two per byte (low nibble first)
-  q4_0,  // GGUF: 4-bit q - 8, byte j holds elements j and j + 16 of a block
-  int8,  // GGUF q8_0
+  e2m1,    // 4-bit float, two per byte (low nibble first)
+  q4_0,    // GGUF: 4-bit q - 8, byte j holds elements j and j + 16 of a block
+  int8,    // GGUF q8_0
+  kquant,  // GGUF K-quants: 2- to 6-bit quants of 256-element super-blocks (formats/kquants.h)
 };
 
 // Where a format's scales live.
 enum class ScaleKind : uint8_t {
-  none,         // bf16
-  inline_fp16,  // GGUF blocks: an fp16 d at the start of each block of the row
-  row_groups,   // a [rows, S >= K / group] tensor: one scale per group of each row
-  tile_128,     // a [ceil(rows / 128), S >= ceil(K / 128)] tensor: one scale per 128 x 128 tile
+  none,          // bf16
+  inline_fp16,   // GGUF blocks: an fp16 d at the start of each block of the row
+  row_groups,    // a [rows, S >= K / group] tensor: one scale per group of each row
+  tile_128,      // a [ceil(rows / 128), S >= ceil(K / 128)] tensor: one scale per 128 x 128 tile
+  inline_super,  // GGUF K-quants: each 256-element super-block of the row holds an fp16 d (and dmin)
+                 // and packed scales (and mins) of its sub-blocks
 };
 
 // The encoding of a scale element in a scale tensor.
@@ -66,11 +74,14 @@ struct FormatInfo {
   bool row_globals;       // an fp32 per-row global (moejit_matrix.row_scales) multiplies every row
   bool stride_in_kernel;  // kernels bake the scale row stride (one scale row per weight row)
   bool ds_numerics;       // DeepSeek activation numerics around the kernels (formats.md)
+  int32_t sub_block;      // inline_super: elements per sub-block (its own scale, and min); 0 otherwise
+  bool has_mins;          // inline_super: w = d sc q - dmin m (else d sc q)
 };
 
 // The row of a known id (0..kMaxFormatId); known_format() first for raw ids.
 const FormatInfo& info(Format f);
 inline bool known_format(int32_t id) { return id >= 0 && id <= kMaxFormatId; }
+inline bool is_kquant(Format f) { return info(f).scales == ScaleKind::inline_super; }
 // Whether a descriptor's group_size g (non-zero) is one this format lets it pick.
 inline bool api_group_allowed(const FormatInfo& fi, int32_t g) {
   return g > 0 && (g & (g - 1)) == 0 && ((fi.api_groups >> __builtin_ctz(uint32_t(g))) & 1u);

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "formats/kquants.h"
+
 namespace moejit::formats {
 
 const char* format_name(Format f) { return known_format(int32_t(f)) ? info(f).name : "unknown"; }
@@ -222,6 +224,7 @@ struct BlockSource {
       case Element::int8: return float(int8_t(row[k / 32 * fi.block_bytes + 2 + k % 32]));
       case Element::e4m3: return e4m3_to_f32(row[k]);
       case Element::e5m2: return e5m2_to_f32(row[k]);
+      case Element::kquant: break;  // formats/kquants.cpp decodes them (weight, gemv_scalar)
     }
     return 0.0f;
   }
@@ -246,6 +249,7 @@ float block_scale(const Layout& l, const MatrixRef& m, int64_t r, int64_t b, con
       const uint8_t s = static_cast<const uint8_t*>(m.scales)[r * stride + b];
       return fi.scale_code == ScaleCode::e4m3 ? e4m3_to_f32(s) : e8m0_to_f32(s);
     }
+    case ScaleKind::inline_super: break;  // formats/kquants.cpp
   }
   return 0.0f;
 }
@@ -261,6 +265,7 @@ int64_t block_len(const Layout& l) {
 }  // namespace
 
 double weight(const Layout& l, const MatrixRef& m, int64_t r, int64_t k) {
+  if (is_kquant(l.format)) return kquant_weight(KQuant(int32_t(l.format)), m.data, l.k, r, k);
   const uint8_t* row = static_cast<const uint8_t*>(m.data) + r * row_bytes(l.format, l.k);
   BlockSource src{l, m, row};
   double w = double(src.code(k)) * double(block_scale(l, m, r, k / block_len(l), row));
@@ -269,6 +274,11 @@ double weight(const Layout& l, const MatrixRef& m, int64_t r, int64_t k) {
 }
 
 void gemv_scalar(const Layout& l, const MatrixRef& m, int64_t r0, int64_t n, const float* x, float* y) {
+  if (is_kquant(l.format)) {  // the reference GEMV of kquants.h, its sums of x computed per call
+    const KQuant f = KQuant(int32_t(l.format));
+    kquant_gemv(f, static_cast<const uint8_t*>(m.data) + r0 * row_bytes(l.format, l.k), l.k, n, x, y);
+    return;
+  }
   const int64_t bl = block_len(l);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = r0 + i;

@@ -1,7 +1,9 @@
 // GGUF K-quants (formats.md ids 9..13): traits, scalar decoders, the scalar
 // reference GEMV and fp32 quantizers computed as ggml's reference quantizers.
-// Portable C++ like formats.h: no intrinsics, no JIT. Self-contained for now;
-// it joins the format table of formats.h later.
+// Portable C++ like formats.h: no intrinsics, no JIT. The formats are rows
+// 9..13 of the format table (formats/format_table.h), which holds their sizes,
+// names, sub-blocks and mins; formats.h's weight, gemv_scalar and quantize
+// dispatch here.
 //
 // Layouts (byte-exact as ggml's block_q*_K; fp16 values little-endian). Every
 // format stores K / 256 super-blocks per row, back to back, at any alignment.
@@ -35,6 +37,7 @@
 
 #include <cstdint>
 
+#include "formats/format_table.h"
 #include "formats/quantize.h"
 
 namespace moejit::formats {
@@ -43,6 +46,7 @@ enum class KQuant : int32_t { q4_K = 9, q5_K = 10, q6_K = 11, q2_K = 12, q3_K = 
 constexpr int32_t kMinKQuantId = 9, kMaxKQuantId = 13;
 constexpr int64_t kKQuantSuperBlock = 256;  // elements per super-block (ggml's QK_K)
 
+// The facts of a K-quant's format-table row.
 struct KQuantTraits {
   const char* name;        // "q4_K", ...
   int32_t block_bytes;     // bytes per super-block: 144, 176, 210, 84, 110
@@ -51,7 +55,9 @@ struct KQuantTraits {
   bool has_mins;           // q4_K, q5_K, q2_K
 };
 
-const KQuantTraits& kquant_traits(KQuant f);
+inline Format kquant_format(KQuant f) { return Format(int32_t(f)); }
+// Read from the format table (f must be a K-quant; q4_K's row otherwise).
+KQuantTraits kquant_traits(KQuant f);
 const char* kquant_name(KQuant f);
 bool kquant_from_id(int32_t id, KQuant* out);          // false unless 9..13
 bool kquant_from_name(const char* name, KQuant* out);  // exact match of kquant_name
@@ -60,6 +66,9 @@ int64_t kquant_row_bytes(KQuant f, int64_t k);         // K / 256 * block_bytes
 int64_t kquant_sub_sums_len(KQuant f, int64_t k);      // K / sub_block_size
 
 // ---- one super-block `blk` (block_bytes bytes, any alignment) ----
+// Byte offsets of d and dmin in a super-block (dmin: -1 for q6_K and q3_K).
+int kquant_d_offset(KQuant f);
+int kquant_dmin_offset(KQuant f);
 float kquant_d(KQuant f, const uint8_t* blk);
 float kquant_dmin(KQuant f, const uint8_t* blk);  // +0.0 for the formats without mins
 struct KQuantSub {
@@ -96,9 +105,10 @@ void kquant_dequantize_row(KQuant f, const void* row, int64_t k, float* out);
 //     with mins: M = dmin_b * m[j] (exact); acc = fma(-M, S_x[s], acc)
 //   y[r] = acc
 // with q, sc, m the factors of kquant_q / kquant_sub (q6_K: q - 32; q3_K: q in
-// -4..3 and sc - 32). sx is read only for the formats with mins (it may be null
-// for q6_K and q3_K). The overload without sx computes it with kquant_sub_sums;
-// both give the same bits.
+// -4..3 and sc - 32). sx is read only for the formats with mins; where it is
+// null (and in the overload without it) each S_x[s] is summed as
+// kquant_sub_sums does, per row, so both give the same bits. Nothing allocates:
+// the scalar tier calls it on the layers' worker threads.
 void kquant_sub_sums(KQuant f, const float* x, int64_t k, float* sx);
 void kquant_gemv(KQuant f, const void* data, int64_t k, int64_t rows, const float* x, const float* sx,
                  float* y);

@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "formats/kquants.h"
+
 namespace moejit::formats {
 
 namespace {
@@ -308,7 +310,8 @@ QuantResult quantize(const Layout& l, const float* w, const MatrixOut& out, cons
     return res;
   }
   if (l.group != required_group(l)) {
-    res.error = "group is not the format's group (nvfp4 16; fp8_block 128; mxfp8 32/64/128; others 32)";
+    res.error =
+        "group is not the format's group (nvfp4 16; fp8_block 128; mxfp8 32/64/128; K-quants 256; others 32)";
     return res;
   }
   if (!k_is_valid(l.format, l.group, l.k, &why)) {
@@ -341,6 +344,11 @@ QuantResult quantize(const Layout& l, const float* w, const MatrixOut& out, cons
     case Format::q4_0: quantize_q4_0(c); break;
     case Format::fp8_block: quantize_fp8_block(c); break;
     case Format::q8_0: quantize_q8_0(c); break;
+    case Format::q4_K:
+    case Format::q5_K:
+    case Format::q6_K:
+    case Format::q2_K:
+    case Format::q3_K: return kquant_quantize(KQuant(int32_t(l.format)), l.rows, l.k, w, out.data);
   }
   res.ok = true;
   return res;

@@ -37,7 +37,13 @@ typedef enum moejit_format {
   MOEJIT_FORMAT_FP8_BLOCK = 5,
   MOEJIT_FORMAT_Q8_0 = 6,
   MOEJIT_FORMAT_MXFP8_E4M3 = 7,
-  MOEJIT_FORMAT_MXFP8_E5M2 = 8
+  MOEJIT_FORMAT_MXFP8_E5M2 = 8,
+  /* added in 0.2: GGUF K-quants, byte-exact as ggml's block_q*_K (super-blocks of 256; K % 256 == 0) */
+  MOEJIT_FORMAT_Q4_K = 9,
+  MOEJIT_FORMAT_Q5_K = 10,
+  MOEJIT_FORMAT_Q6_K = 11,
+  MOEJIT_FORMAT_Q2_K = 12,
+  MOEJIT_FORMAT_Q3_K = 13
 } moejit_format;
 
 typedef enum moejit_isa {
@@ -68,7 +74,7 @@ typedef struct moejit_linear moejit_linear;
 
 typedef struct moejit_matrix { /* one [rows, K] matrix, read in place */
   const void* data;            /* encoded weights (docs/FORMATS.md) */
-  const void* scales;          /* block scales; ignored by bf16, q4_0, q8_0 */
+  const void* scales;          /* block scales; ignored by bf16, q4_0, q8_0 and the K-quants */
   int64_t scale_row_stride;    /* in scale elements; 0 = dense */
   const float* row_scales;     /* nvfp4: fp32 [rows], required; ignored otherwise */
   const uint16_t* bias;        /* optional bf16 [rows], NULL = none */

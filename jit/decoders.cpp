@@ -89,6 +89,11 @@ std::unique_ptr<Decoder> make_decoder(const KernelKey& key) {
     case Format::nvfp4:
       if (bf16_tier) return make_e2m1_nib128_decoder(key, make_widened_row_scale(key));
       return make_e2m1_f32_decoder(key, make_byte_code_scale(key));
+    case Format::q4_K:
+    case Format::q5_K:
+    case Format::q6_K:
+    case Format::q2_K:
+    case Format::q3_K: return make_kquant_decoder(key);
     default: return nullptr;
   }
 }

@@ -47,6 +47,9 @@ std::unique_ptr<ScaleRule> make_widened_row_scale(const KernelKey& key);
 std::unique_ptr<Decoder> make_q4_f32_decoder(const KernelKey& key);
 std::unique_ptr<Decoder> make_q8_f32_decoder(const KernelKey& key);
 std::unique_ptr<Decoder> make_q4x4_decoder(const KernelKey& key);
+// GGUF K-quants (q4_K .. q3_K): super-blocks widened to fp32, each vector
+// times its sub-block's d sc[j], with the rule's min term (decode_kquant.cpp).
+std::unique_ptr<Decoder> make_kquant_decoder(const KernelKey& key);
 
 // ---- scale rules shared by several decodes (jit/scale_rules.cpp) ----
 // fp8_block: one bf16 or fp32 scale per 128 x 128, widened to fp32 on the stack once per call.

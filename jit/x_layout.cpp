@@ -23,6 +23,8 @@ void XPrep::prepare(void* vec, const uint16_t* src, int64_t k) const {
       return;
     case XLayout::bf16: std::memcpy(vec, src, size_t(k) * 2); return;
     case XLayout::f32_evens_odds:
+    case XLayout::f32_kq6:
+    case XLayout::f32_kq2:
       for (int64_t i = 0; i < k; ++i) static_cast<float*>(vec)[position(i)] = formats::bf16_to_f32(src[i]);
       return;
     case XLayout::bf16_perm64:
@@ -54,6 +56,8 @@ void XPrep::store(void* vec, int64_t k0, const float* v, int64_t n) const {
       for (int64_t i = 0; i < n; ++i) static_cast<float*>(vec)[k0 + i] = v[i];
       return;
     case XLayout::f32_evens_odds:
+    case XLayout::f32_kq6:
+    case XLayout::f32_kq2:
       for (int64_t i = 0; i < n; ++i) static_cast<float*>(vec)[position(k0 + i)] = v[i];
       return;
     case XLayout::bf16:

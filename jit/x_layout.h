@@ -28,9 +28,19 @@ enum class XLayout {
   bf16_q4,         // bf16; inside each 128-element chunk (4 q4_0 blocks), element e of block b (byte
                    // e % 16, high nibble when e >= 16) sits at 32 j + 8 b + (e % 16) / 2 with
                    // j = 2 (e % 2) + e / 16: the 16 quant bytes of block b on 128-bit lane b, decoded as e2m1
+  f32_kq6,         // fp32; inside each 256-element q6_K super-block, sub-block j (16 elements) is vector
+                   // 4 t + i with t = 2 h + r % 2, i = 2 a + r / 2 (h = j / 8, a = j / 4 % 2, r = j % 4): the
+                   // four sub-blocks that share 16 bytes of qh side by side (jit/decode_kquant.cpp)
+  f32_kq2,         // fp32; inside each 256-element q2_K / q3_K super-block, sub-block j is vector
+                   // 4 t + s with t = 2 h + j % 2, s = j / 2 % 4 (h = j / 8): the four sub-blocks of one
+                   // 16-byte chunk of quants side by side (jit/decode_kquant.cpp)
 };
 
-inline size_t x_elem_bytes(XLayout l) { return l == XLayout::f32 || l == XLayout::f32_evens_odds ? 4 : 2; }
+inline size_t x_elem_bytes(XLayout l) {
+  return l == XLayout::f32 || l == XLayout::f32_evens_odds || l == XLayout::f32_kq6 || l == XLayout::f32_kq2
+             ? 4
+             : 2;
+}
 // Sums of x that a decode's scale rule reads (K-quants: S_x of each sub-block,
 // for the term - dmin m[j] S_x). After every `block` elements (a multiple of
 // 128) the prepared vector holds one 64-byte vector of the fp32 sums of its
@@ -130,6 +140,14 @@ class XPrep {
       case XLayout::bf16_q4: {
         const int64_t r = k & 127, b = r / 32, e = r % 32;
         return (k - r) + 32 * (2 * (e % 2) + e / 16) + 8 * b + (e % 16) / 2;
+      }
+      case XLayout::f32_kq6: {
+        const int64_t r = k & 255, j = r / 16, h = j / 8, a = j / 4 % 2, q = j % 4;
+        return (k - r) + 16 * (4 * (2 * h + q % 2) + 2 * a + q / 2) + r % 16;
+      }
+      case XLayout::f32_kq2: {
+        const int64_t r = k & 255, j = r / 16;
+        return (k - r) + 16 * (4 * (2 * (j / 8) + j % 2) + j / 2 % 4) + r % 16;
       }
       default: return k;
     }

@@ -41,6 +41,10 @@ class Matmul {
   }
 
   int64_t x_stride() const { return jit::x_stride(layout_.k); }
+  // Bytes of one prepared vector: x_stride() elements, and the sums of x where
+  // the kernels read them (K-quants). Vectors of a call lie this far apart.
+  size_t x_vector_bytes() const { return size_t(xprep_.vector_bytes(layout_.k)); }
+  const jit::XPrep& x_prep() const { return xprep_; }
   jit::XLayout x_layout() const { return xprep_.layout(); }
   // The kernels' activation layout: per-token vectors, or tiles of 16 slots (avx512_amx).
   const jit::XPrep& xprep() const { return xprep_; }

@@ -76,8 +76,10 @@ void add_rows(MatrixPlan* m, int64_t r0, int64_t n) {
 
 void set_tokens(MatrixPlan* m, int32_t max_tokens) {
   m->tokens_per_call = 1;
+  // At least 1: a format without kernels on the tier then fails to generate
+  // them with the reason, instead of leaving the table empty.
   if (m->isa != jit::Isa::scalar)
-    m->tokens_per_call = std::min(max_tokens, jit::max_tokens_per_call(m->key(1, 1)));
+    m->tokens_per_call = std::max(1, std::min(max_tokens, jit::max_tokens_per_call(m->key(1, 1))));
 }
 
 // ---------------------------------------------------------------- MoE

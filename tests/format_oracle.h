@@ -56,6 +56,11 @@ inline int64_t row_bytes(Format f, int64_t k) {
     case Format::ds_fp4: return k / 2;
     case Format::q4_0: return k / 32 * 18;
     case Format::q8_0: return k / 32 * 34;
+    case Format::q4_K: return k / 256 * 144;  // GGUF super-blocks of 256 (formats.md)
+    case Format::q5_K: return k / 256 * 176;
+    case Format::q6_K: return k / 256 * 210;
+    case Format::q2_K: return k / 256 * 84;
+    case Format::q3_K: return k / 256 * 110;
     default: return k;
   }
 }
@@ -170,6 +175,11 @@ inline Parts parts(const Matrix& m, int64_t r, int64_t k) {
       p.code = e5m2(uint8_t(c));
       p.bscale = e8m0_scale(m.group);
       break;
+    case Format::q4_K:
+    case Format::q5_K:
+    case Format::q6_K:
+    case Format::q2_K:
+    case Format::q3_K: break;  // the K-quants' oracle is tests/kquants_test_util.h (per-bit decode)
   }
   return p;
 }

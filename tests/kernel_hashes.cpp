@@ -96,6 +96,30 @@ std::vector<jit::KernelKey> all_keys() {
             }
           }
       }
+  // The K-quants (after the others, so their lines follow the older ones in the
+  // golden file): K multiples of 256, the plan's group of 256, no scale tensor.
+  const Format kquants[] = {Format::q4_K, Format::q5_K, Format::q6_K, Format::q2_K, Format::q3_K};
+  for (jit::Isa isa : isas)
+    for (Format f : kquants)
+      for (uint32_t flags : {0u, jit::kFlagNoVbmi}) {
+        if (flags && isa != jit::Isa::avx512_bf16) continue;
+        for (int k : {256, 768, 2048, 7168})
+          for (int rows : rows_list) {
+            jit::KernelKey key;
+            key.format = f;
+            key.k = k;
+            key.rows = rows;
+            key.group = 256;
+            key.isa = isa;
+            key.flags = flags;
+            const int max_m = jit::max_tokens_per_call(key);
+            for (int m = 1; m <= max_m; ++m) {
+              if (m > 4 && !(rows == 16 && k == 2048)) continue;
+              key.tokens = m;
+              keys.push_back(key);
+            }
+          }
+      }
   return keys;
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "formats/kquants.h"
 #include "formats/quantize.h"
 
 namespace moejit_test {
@@ -161,6 +162,27 @@ std::vector<double> Mat::dequant() const {
   return out;
 }
 
+std::vector<double> Mat::magnitude() const {
+  const fm::Layout l = layout();
+  if (!fm::is_kquant(l.format)) {
+    std::vector<double> w = dequant();
+    for (double& v : w) v = std::fabs(v);
+    return w;
+  }
+  const fm::KQuant f = fm::KQuant(int32_t(l.format));
+  const fm::KQuantTraits t = fm::kquant_traits(f);
+  const int64_t rb = fm::row_bytes(l.format, k);
+  std::vector<double> out(size_t(rows * k));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < k; ++c) {
+      const uint8_t* blk = &data[size_t(r * rb + c / 256 * t.block_bytes)];
+      const fm::KQuantSub s = fm::kquant_sub(f, blk, int(c % 256) / t.sub_block_size);
+      const double dsq = double(fm::kquant_d(f, blk)) * s.sc * fm::kquant_q(f, blk, int(c % 256));
+      out[size_t(r * k + c)] = std::fabs(dsq) + std::fabs(double(fm::kquant_dmin(f, blk)) * s.m);
+    }
+  return out;
+}
+
 double Mat::bias_at(int64_t r) const { return bias.empty() ? 0.0 : double(fm::bf16_to_f32(bias[size_t(r)])); }
 
 void Mat::set_scale(int64_t sr, int64_t sc, float v) {
@@ -183,6 +205,19 @@ Mat make_mat(moejit_format fmt, moejit_dtype sdt, int64_t rows, int64_t k, int64
   m.k = k;
   if (fill == Fill::quantized) {
     fill_quantized(m, pad, rng);
+  } else if (fm::is_kquant(static_cast<fm::Format>(fmt))) {
+    // Random super-block bytes; d (and dmin) finite, 2^-10..2^-4 in magnitude, either sign.
+    const fm::KQuant f = fm::KQuant(int32_t(fmt));
+    const int bb = fm::kquant_traits(f).block_bytes;
+    m.data.resize(size_t(rows * fm::kquant_row_bytes(f, k)));
+    for (auto& b : m.data) b = uint8_t(rng.next());
+    for (size_t blk = 0; blk < m.data.size() / size_t(bb); ++blk)
+      for (int at : {fm::kquant_d_offset(f), fm::kquant_dmin_offset(f)}) {
+        if (at < 0) continue;
+        const uint16_t h =
+            uint16_t((rng.chance(0.5) ? 0x8000 : 0) | (rng.uniform(5, 11) << 10) | rng.uniform(0, 1023));
+        std::memcpy(&m.data[blk * size_t(bb) + size_t(at)], &h, 2);
+      }
   } else if (fmt == MOEJIT_FORMAT_BF16) {
     m.data.resize(size_t(rows * k * 2));
     for (int64_t i = 0; i < rows * k; ++i) {
@@ -334,7 +369,8 @@ LinearData make_linear(const LinearProblem& p) {
   return d;
 }
 
-// |y - ref| <= 2^-24 (K + 64) (sum_k |w_k x_k| + |bias|), + half a bf16 ulp for bf16 y.
+// |y - ref| <= 2^-24 (K + 64) (sum_k |w_k x_k| + |bias|), + half a bf16 ulp for bf16 y
+// (K-quants: |d sc q x| + |dmin m x| for |w x|, Mat::magnitude).
 // ds_fp4: x is first round-tripped through e4m3 per 128 columns, exactly as the
 // MoE layer's input (docs/FORMATS.md), so kernel and reference share x'.
 Reference linear_reference(const LinearData& d) {
@@ -342,7 +378,7 @@ Reference linear_reference(const LinearData& d) {
   Reference ref;
   ref.y.assign(size_t(p.max_tokens * p.rows), 0.0);
   ref.bound.assign(ref.y.size(), 0.0);
-  const std::vector<double> W = d.w.dequant();
+  const std::vector<double> W = d.w.dequant(), Wm = d.w.magnitude();
   std::vector<double> X(d.x.size());
   for (size_t i = 0; i < X.size(); ++i) X[i] = fm::bf16_to_f32(d.x[i]);
   if (p.fmt == MOEJIT_FORMAT_DS_FP4)
@@ -354,9 +390,9 @@ Reference linear_reference(const LinearData& d) {
     for (int r = 0; r < p.rows; ++r) {
       double dot = 0, s = 0;
       for (int k = 0; k < p.cols; ++k) {
-        const double prod = W[size_t(r) * p.cols + k] * X[size_t(t * p.cols + k)];
-        dot += prod;
-        s += std::fabs(prod);
+        const double x = X[size_t(t * p.cols + k)];
+        dot += W[size_t(r) * p.cols + k] * x;
+        s += Wm[size_t(r) * p.cols + k] * std::fabs(x);
       }
       const double b = d.w.bias_at(r);
       const size_t o = size_t(t * p.rows + r);

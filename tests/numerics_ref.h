@@ -32,6 +32,8 @@ constexpr double kActUlps = 16;
 //  quantized: a random fp32 matrix (gaussian rows of random magnitude, outliers,
 //          zeros) through formats/quantize, as a checkpoint would hold it; every
 //          format, nvfp4 with its per-row globals. Bounds as for random.
+// The K-quants have no exact fill: random gives random super-block bytes with
+// finite d and dmin of moderate size.
 enum class Fill { exact, random, quantized };
 
 // One [rows, K] matrix in the engine's layout, with poisoned scale padding.
@@ -52,6 +54,9 @@ struct Mat {
   fm::Layout layout() const;
   fm::MatrixRef ref() const;
   std::vector<double> dequant() const;  // [rows * k], exact
+  // [rows * k]: what the error bounds take per weight: |w|, and for the K-quants
+  // |d sc q| + |dmin m| (formats.md: the two terms may cancel).
+  std::vector<double> magnitude() const;
   double bias_at(int64_t r) const;
   void set_scale(int64_t sr, int64_t sc, float v);  // v must be representable in the scale dtype
 };

@@ -98,8 +98,9 @@ double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 // One expert's gate and up rows, dequantized ([I][H] each), and their biases:
 // from the fused gate_up (rows concatenated or interleaved) or the separate banks.
 struct GateUpRows {
-  std::vector<double> gate, up;  // [I * H]
-  std::vector<double> bg, bu;    // [I]
+  std::vector<double> gate, up;    // [I * H]
+  std::vector<double> mgate, mup;  // [I * H], Mat::magnitude
+  std::vector<double> bg, bu;      // [I]
 };
 GateUpRows gate_up_rows(const MoeData& d, int e) {
   const MoeProblem& p = d.p;
@@ -112,20 +113,26 @@ GateUpRows gate_up_rows(const MoeData& d, int e) {
     const Mat& up = d.up[size_t(e)];
     r.gate = gu.dequant();
     r.up = up.dequant();
+    r.mgate = gu.magnitude();
+    r.mup = up.magnitude();
     for (size_t i = 0; i < I; ++i) {
       r.bg[i] = gu.bias_at(int64_t(i));
       r.bu[i] = up.bias_at(int64_t(i));
     }
     return r;
   }
-  const std::vector<double> W = gu.dequant();
+  const std::vector<double> W = gu.dequant(), M = gu.magnitude();
   r.gate.resize(I * H);
   r.up.resize(I * H);
+  r.mgate.resize(I * H);
+  r.mup.resize(I * H);
   for (size_t i = 0; i < I; ++i) {
     const size_t gr = p.interleaved ? 2 * i : i;
     const size_t ur = p.interleaved ? 2 * i + 1 : I + i;
     std::copy(&W[gr * H], &W[gr * H] + H, &r.gate[i * H]);
     std::copy(&W[ur * H], &W[ur * H] + H, &r.up[i * H]);
+    std::copy(&M[gr * H], &M[gr * H] + H, &r.mgate[i * H]);
+    std::copy(&M[ur * H], &M[ur * H] + H, &r.mup[i * H]);
     r.bg[i] = gu.bias_at(int64_t(gr));
     r.bu[i] = gu.bias_at(int64_t(ur));
   }
@@ -143,11 +150,13 @@ GateUp gate_up(const MoeProblem& p, const GateUpRows& w, const double* x, int i,
   double dg = 0, sg = 0, du = 0, su = 0;
   const double* wg = &w.gate[size_t(i) * H];
   const double* wu = &w.up[size_t(i) * H];
+  const double* mg = &w.mgate[size_t(i) * H];
+  const double* mu = &w.mup[size_t(i) * H];
   for (int k = 0; k < H; ++k) {
     dg += wg[k] * x[k];
-    sg += std::fabs(wg[k] * x[k]);
+    sg += mg[k] * std::fabs(x[k]);
     du += wu[k] * x[k];
-    su += std::fabs(wu[k] * x[k]);
+    su += mu[k] * std::fabs(x[k]);
   }
   const double bg = w.bg[size_t(i)], bu = w.bu[size_t(i)];
   const double ws = p.rwoi ? wt : 1.0;
@@ -169,12 +178,13 @@ std::vector<std::pair<int, int>> routes_of(const MoeData& d, int e, int T) {
 struct DownDot {
   double dot = 0, s = 0, sa = 0;
 };
-DownDot down_dot(const double* wd, const std::vector<double>& g, const std::vector<double>& allow) {
+DownDot down_dot(const double* wd, const double* md, const std::vector<double>& g,
+                 const std::vector<double>& allow) {
   DownDot r;
   for (size_t i = 0; i < g.size(); ++i) {
     r.dot += wd[i] * g[i];
-    r.s += std::fabs(wd[i] * g[i]);
-    r.sa += std::fabs(wd[i]) * allow[i];
+    r.s += md[i] * std::fabs(g[i]);
+    r.sa += md[i] * allow[i];
   }
   return r;
 }
@@ -262,7 +272,7 @@ Reference moe_reference_ds(const MoeData& d) {
     if (routes.empty()) continue;
     const Mat& dn = d.dn[size_t(e)];
     const GateUpRows Wg = gate_up_rows(d, e);
-    const std::vector<double> Wd = dn.dequant();
+    const std::vector<double> Wd = dn.dequant(), Md = dn.magnitude();
     std::vector<double> gb(static_cast<size_t>(I)), glo(gb.size()), ghi(gb.size());
     std::vector<double> gq(gb.size()), allow(gb.size());
     for (auto [t, j] : routes) {
@@ -318,7 +328,7 @@ Reference moe_reference_ds(const MoeData& d) {
       ref.significant += significant_ambiguities(gq, allow);
       const double wc = p.rwoi ? 1.0 : wt;
       for (int h = 0; h < H; ++h) {
-        const DownDot dd = down_dot(&Wd[size_t(h) * I], gq, allow);
+        const DownDot dd = down_dot(&Wd[size_t(h) * I], &Md[size_t(h) * I], gq, allow);
         const double dot = dd.dot, s1 = dd.s + dd.sa, a1 = dd.sa;
         const double bd = dn.bias_at(h);
         const double c = wc * (dot + bd);
@@ -372,7 +382,7 @@ Reference moe_reference(const MoeData& d) {
     if (routes.empty()) continue;
     const Mat& dn = d.dn[size_t(e)];
     const GateUpRows Wg = gate_up_rows(d, e);
-    const std::vector<double> Wd = dn.dequant();
+    const std::vector<double> Wd = dn.dequant(), Md = dn.magnitude();
     std::vector<double> g(static_cast<size_t>(I)), allow(static_cast<size_t>(I));
     for (auto [t, j] : routes) {
       ref.all_skipped[size_t(t)] = false;
@@ -397,7 +407,7 @@ Reference moe_reference(const MoeData& d) {
       ref.significant += significant_ambiguities(g, allow);
       const double wc = p.rwoi ? 1.0 : wt;
       for (int h = 0; h < H; ++h) {
-        const DownDot dd = down_dot(&Wd[size_t(h) * I], g, allow);
+        const DownDot dd = down_dot(&Wd[size_t(h) * I], &Md[size_t(h) * I], g, allow);
         const double dot = dd.dot, s = dd.s, sa = dd.sa;
         const double bd = dn.bias_at(h);
         const size_t o = size_t(t * H + h);

@@ -107,7 +107,7 @@ class Api : public ::testing::Test {
 TEST_F(Api, AbiVersionAndMaxFormatId) {
   EXPECT_EQ(moejit_abi_version(), 1u);
   EXPECT_EQ(moejit_abi_version(), MOEJIT_ABI_VERSION);
-  EXPECT_EQ(moejit_max_format_id(), 8);
+  EXPECT_EQ(moejit_max_format_id(), 13);  // 0.2 added the K-quants, 9..13
 }
 
 TEST_F(Api, VersionIsMajorMinorPatch) {
@@ -138,10 +138,13 @@ TEST_F(Api, IsaNames) {
 }
 
 TEST_F(Api, FormatNames) {
-  const char* names[] = {"bf16",      "nvfp4", "mxfp4",      "ds_fp4",    "q4_0",
-                         "fp8_block", "q8_0",  "mxfp8_e4m3", "mxfp8_e5m2"};
-  for (int i = 0; i <= 8; ++i) EXPECT_STREQ(moejit_format_name(static_cast<moejit_format>(i)), names[i]) << i;
-  for (int v : {9, 10, -1, 255})
+  const char* names[] = {"bf16",       "nvfp4",      "mxfp4", "ds_fp4", "q4_0", "fp8_block", "q8_0",
+                         "mxfp8_e4m3", "mxfp8_e5m2", "q4_K",  "q5_K",   "q6_K", "q2_K",      "q3_K"};
+  for (int i = 0; i <= 13; ++i)
+    EXPECT_STREQ(moejit_format_name(static_cast<moejit_format>(i)), names[i]) << i;
+  EXPECT_EQ(MOEJIT_FORMAT_Q4_K, 9);
+  EXPECT_EQ(MOEJIT_FORMAT_Q3_K, 13);
+  for (int v : {14, 15, -1, 255})
     EXPECT_STREQ(moejit_format_name(static_cast<moejit_format>(v)), "unknown") << v;
 }
 

@@ -75,6 +75,43 @@ TEST(ColdPool, LayerHasOneDescriptorPerSlotOverDistinctMemory) {
   EXPECT_EQ(Layer(MOEJIT_FORMAT_BF16, g, 7, 0, 3).slots(), g.experts);
 }
 
+// The q4_K_M mix (gate and up q4_K, down q6_K) is taken wherever a format is:
+// its name, its bytes per projection, separate banks unless --layout fused,
+// and a descriptor with up's and down's formats.
+TEST(Formats, TheQ4KMMix) {
+  moejit_format f;
+  ASSERT_TRUE(parse_format("q4_K_M", &f));
+  EXPECT_TRUE(is_mix(f));
+  EXPECT_STREQ(format_label(f), "q4_K_M");
+  EXPECT_NE(std::find(all_formats().begin(), all_formats().end(), f), all_formats().end());
+  ASSERT_TRUE(parse_format("q6_K", &f));
+  EXPECT_EQ(f, MOEJIT_FORMAT_Q6_K);
+  EXPECT_FALSE(is_mix(f));
+  const Geometry qwen = presets().front().geometry;  // H 2048, I 768
+  const int64_t H = qwen.hidden, I = qwen.intermediate;
+  EXPECT_EQ(expert_bytes(kMixQ4KM, qwen), 2 * I * (H / 256) * 144 + H * (I / 256) * 210);
+  EXPECT_EQ(check_geometry(kMixQ4KM, qwen), "");
+  Geometry odd = qwen;
+  odd.intermediate = 640;
+  EXPECT_NE(check_geometry(kMixQ4KM, odd).find("(q6_K)"), std::string::npos) << check_geometry(kMixQ4KM, odd);
+  Geometry g = tiny();
+  g.hidden = 512, g.intermediate = 256;
+  EXPECT_FALSE(g.separate);
+  const Layer layer(kMixQ4KM, g, 3, 0, 16);
+  EXPECT_TRUE(layer.geometry().separate);
+  const moejit_moe_desc d = layer.desc(4);
+  EXPECT_EQ(d.format, MOEJIT_FORMAT_Q4_K);
+  EXPECT_TRUE(d.gate_up == nullptr && d.gate && d.up);
+  ASSERT_TRUE(d.up_format && d.down_format);
+  EXPECT_EQ(d.up_format->format, MOEJIT_FORMAT_Q4_K);
+  EXPECT_EQ(d.down_format->format, MOEJIT_FORMAT_Q6_K);
+  g.fused_given = true;
+  const Layer fused(kMixQ4KM, g, 3, 0, 16);
+  EXPECT_FALSE(fused.geometry().separate);
+  EXPECT_TRUE(fused.desc(4).gate_up && !fused.desc(4).up_format && fused.desc(4).down_format);
+  EXPECT_EQ(expert_bytes(kMixQ4KM, g), 2 * 256 * 2 * 144 + 512 * 210);
+}
+
 TEST(ColdPool, PlaceReusesASlotOnlyAfterTheWholePool) {
   const Geometry g = tiny();
   for (const RoutingKind kind : {RoutingKind::uniform, RoutingKind::skewed, RoutingKind::same}) {

@@ -17,10 +17,11 @@
 
 namespace {
 
-// H and I are multiples of 32 (every format's K rule) with short 128-blocks at
-// the end (320 = 2 * 128 + 64, 160 = 128 + 32): fp8_block scale blocks, the
-// 128-element 4-bit decode chunks and ds_fp4's round trips all get tails.
-constexpr int H = 320, I = 160, E = 9, K = 4, TM = 64;
+// H and I are multiples of 32 (every format's K rule but the K-quants') with
+// short 128-blocks at the end (320 = 2 * 128 + 64, 160 = 128 + 32): fp8_block
+// scale blocks, the 128-element 4-bit decode chunks and ds_fp4's round trips
+// all get tails. The K-quants take H and I multiples of 256 (kHk, kIk).
+constexpr int kH = 320, kI = 160, kHk = 512, kIk = 256, E = 9, K = 4, TM = 64;
 
 namespace fm = moejit::formats;
 
@@ -31,6 +32,7 @@ struct Proj {  // one projection of one expert, in the engine's layout
 
 struct Bank {
   int format;
+  int H, I;
   std::vector<Proj> gu, dn;
   std::vector<moejit_matrix> gum, dnm;
   size_t expert_bytes = 0;
@@ -66,6 +68,10 @@ Proj quantized(fm::Format f, int64_t rows, int64_t k, moejit_test::Rng& rng, siz
 Bank make_bank(int format, moejit_test::Rng& rng) {
   Bank b;
   b.format = format;
+  const bool kq = fm::is_kquant(fm::Format(format));
+  b.H = kq ? kHk : kH;
+  b.I = kq ? kIk : kI;
+  const int H = b.H, I = b.I;
   for (int e = 0; e < E; ++e) {
     size_t bytes = 0;
     b.gu.push_back(quantized(fm::Format(format), 2 * I, H, rng, &bytes));
@@ -106,6 +112,7 @@ struct Result {
 Result run(const Bank& b, moejit_isa isa, int threads, uint32_t flags, int T, const std::vector<uint16_t>& x,
            const std::vector<int32_t>& ids, const std::vector<float>& w) {
   Result out;
+  const int H = b.H;
   moejit_context_desc cd{};
   cd.struct_size = sizeof cd;
   cd.num_threads = threads;
@@ -116,8 +123,8 @@ Result run(const Bank& b, moejit_isa isa, int threads, uint32_t flags, int T, co
   moejit_moe_desc d{};
   d.struct_size = sizeof d;
   d.format = moejit_format(b.format);
-  d.hidden = H;
-  d.intermediate = I;
+  d.hidden = b.H;
+  d.intermediate = b.I;
   d.num_experts = E;
   d.top_k = K;
   d.max_tokens = TM;
@@ -139,7 +146,7 @@ Result run(const Bank& b, moejit_isa isa, int threads, uint32_t flags, int T, co
 
 TEST(Dedup, SameBitsOnAndOffEveryTierAndRouting) {
   moejit_test::Rng rng(7);
-  std::vector<uint16_t> x(size_t(TM) * H);
+  std::vector<uint16_t> x(size_t(TM) * kHk);
   for (auto& v : x) v = uint16_t(0x3C00 + rng() % 0x400 + (rng() & 0x8000));
   std::vector<float> w(size_t(TM) * K);
   for (auto& v : w) v = float(rng() % 1000) / 1000.0f;
@@ -182,7 +189,7 @@ TEST(Dedup, SameBitsOnAndOffEveryTierAndRouting) {
 TEST(Dedup, EnvironmentSwitchIsReadAtContextCreation) {
   moejit_test::Rng rng(9);
   const Bank b = make_bank(MOEJIT_FORMAT_FP8_BLOCK, rng);
-  std::vector<uint16_t> x(size_t(TM) * H, 0x3F80);
+  std::vector<uint16_t> x(size_t(TM) * kHk, 0x3F80);
   std::vector<float> w(size_t(TM) * K, 0.5f);
   std::vector<int32_t> ids(size_t(TM) * K, 3);  // every route to expert 3
   const int T = 8;

@@ -727,8 +727,11 @@ TEST(Traits, FormatNamesAndIds) {
   EXPECT_STREQ(fm::format_name(fm::Format::bf16), "bf16");
   EXPECT_STREQ(fm::format_name(fm::Format::fp8_block), "fp8_block");
   EXPECT_STREQ(fm::format_name(fm::Format::mxfp8_e5m2), "mxfp8_e5m2");
-  EXPECT_EQ(fm::kMaxFormatId, 8);
+  EXPECT_EQ(fm::kMaxFormatId, 13);
   EXPECT_EQ(int(fm::Format::fp8_block), 5);
+  EXPECT_EQ(int(fm::Format::q4_K), 9);
+  EXPECT_EQ(int(fm::Format::q3_K), 13);
+  EXPECT_STREQ(fm::format_name(fm::Format::q6_K), "q6_K");
   EXPECT_EQ(fm::scale_cols(fm::Format::fp8_block, 128, 200), 2);
   EXPECT_EQ(fm::scale_rows(fm::Format::fp8_block, 129), 2);
   EXPECT_EQ(fm::scale_elem_bytes(fm::Format::fp8_block, fm::ScaleDtype::f32), 4);
@@ -773,6 +776,11 @@ TEST(Traits, EveryFormatRowAgainstFormatsMd) {
       {fm::Format::q8_0, 272, 0, 0, 0, false, 32, 32, fm::Format::q8_0},
       {fm::Format::mxfp8_e4m3, 256, 8, 200, 1, false, 32, 32, fm::Format::mxfp8_e4m3},
       {fm::Format::mxfp8_e5m2, 256, 8, 200, 1, false, 32, 32, fm::Format::mxfp8_e5m2},
+      {fm::Format::q4_K, 144, 0, 0, 0, false, 256, 256, fm::Format::q4_K},
+      {fm::Format::q5_K, 176, 0, 0, 0, false, 256, 256, fm::Format::q5_K},
+      {fm::Format::q6_K, 210, 0, 0, 0, false, 256, 256, fm::Format::q6_K},
+      {fm::Format::q2_K, 84, 0, 0, 0, false, 256, 256, fm::Format::q2_K},
+      {fm::Format::q3_K, 110, 0, 0, 0, false, 256, 256, fm::Format::q3_K},
   };
   ASSERT_EQ(std::size(rows), size_t(fm::kMaxFormatId + 1));
   for (const Row& r : rows) {
@@ -808,4 +816,24 @@ TEST(Traits, EveryFormatRowAgainstFormatsMd) {
   EXPECT_EQ(fm::scale_elem_bytes(fm::Format::fp8_block, fm::ScaleDtype::f32), 4);
   EXPECT_EQ(fm::scale_row_of(fm::Format::fp8_block, 255), 1);
   EXPECT_EQ(fm::scale_row_of(fm::Format::mxfp4, 255), 255);
+  // The K-quants' sub-blocks and mins (formats.md rows 9..13); no other row has them.
+  struct Sub {
+    fm::Format f;
+    int32_t sub_block;
+    bool mins;
+  };
+  for (const Sub& s :
+       {Sub{fm::Format::q4_K, 32, true}, Sub{fm::Format::q5_K, 32, true}, Sub{fm::Format::q6_K, 16, false},
+        Sub{fm::Format::q2_K, 16, true}, Sub{fm::Format::q3_K, 16, false}}) {
+    EXPECT_TRUE(fm::is_kquant(s.f));
+    EXPECT_EQ(fm::info(s.f).sub_block, s.sub_block) << fm::format_name(s.f);
+    EXPECT_EQ(fm::info(s.f).has_mins, s.mins) << fm::format_name(s.f);
+  }
+  for (int32_t id = 0; id <= 8; ++id) {
+    EXPECT_FALSE(fm::is_kquant(fm::Format(id))) << id;
+    EXPECT_EQ(fm::info(fm::Format(id)).sub_block, 0) << id;
+  }
+  const char* why = "";
+  EXPECT_FALSE(fm::k_is_valid(fm::Format::q6_K, 256, 384, &why));
+  EXPECT_STREQ(why, "must be a multiple of 256 for the K-quants");
 }

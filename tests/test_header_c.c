@@ -82,7 +82,7 @@ static void check_trivial_calls(void) {
   CHECK(moejit_abi_version() == 1u);
   v = moejit_version();
   CHECK(v != NULL && strlen(v) >= 5);
-  CHECK(moejit_max_format_id() == 8);
+  CHECK(moejit_max_format_id() == 13);
   CHECK(moejit_last_error() != NULL);
   CHECK(strcmp(moejit_status_name(MOEJIT_BUSY), "busy") == 0);
   CHECK(strcmp(moejit_status_name((moejit_status)6), "unknown") == 0);
@@ -91,7 +91,14 @@ static void check_trivial_calls(void) {
   CHECK(strcmp(moejit_isa_name(MOEJIT_ISA_AVX512_AMX), "avx512_amx") == 0);
   CHECK(strcmp(moejit_isa_name((moejit_isa)6), "unknown") == 0);
   CHECK(strcmp(moejit_format_name(MOEJIT_FORMAT_FP8_BLOCK), "fp8_block") == 0);
-  CHECK(strcmp(moejit_format_name((moejit_format)9), "unknown") == 0);
+  CHECK(strcmp(moejit_format_name(MOEJIT_FORMAT_Q4_K), "q4_K") == 0);
+  CHECK(strcmp(moejit_format_name(MOEJIT_FORMAT_Q5_K), "q5_K") == 0);
+  CHECK(strcmp(moejit_format_name(MOEJIT_FORMAT_Q6_K), "q6_K") == 0);
+  CHECK(strcmp(moejit_format_name(MOEJIT_FORMAT_Q2_K), "q2_K") == 0);
+  CHECK(strcmp(moejit_format_name(MOEJIT_FORMAT_Q3_K), "q3_K") == 0);
+  CHECK(MOEJIT_FORMAT_Q4_K == 9 && MOEJIT_FORMAT_Q5_K == 10 && MOEJIT_FORMAT_Q6_K == 11 &&
+        MOEJIT_FORMAT_Q2_K == 12 && MOEJIT_FORMAT_Q3_K == 13);
+  CHECK(strcmp(moejit_format_name((moejit_format)14), "unknown") == 0);
   CHECK(strcmp(moejit_format_name((moejit_format)-1), "unknown") == 0);
   CHECK(moejit_host_isa() >= MOEJIT_ISA_SCALAR && moejit_host_isa() <= MOEJIT_ISA_AVX512_AMX);
   moejit_context_destroy(NULL);

@@ -530,8 +530,9 @@ TEST(CodeMemory, NeverWritableAndExecutable) {
     for (int32_t id = 0; id <= fmt::kMaxFormatId; ++id) {
       const Format f = Format(id);
       if (!variant_available(v, f)) continue;
-      const int group = f == Format::nvfp4 ? 16 : f == Format::fp8_block ? 128 : 32;
-      for (int k : {300, 2880 + group}) {
+      const int group = f == Format::nvfp4 ? 16 : f == Format::fp8_block ? 128 : fmt::is_kquant(f) ? 256 : 32;
+      // K-quants: K of DeepSeek-V3's hidden (the other two are not multiples of 256).
+      for (int k : {300, 2880 + group, fmt::is_kquant(f) ? 7168 : 300}) {
         const char* bad = nullptr;
         if (!fmt::k_is_valid(f, group, k, &bad)) continue;
         jit::KernelKey key = make_key(v, f, ScaleDtype::bf16, k, 16, 1, group);

@@ -106,7 +106,7 @@ TEST_F(Validation, MoeCreateFields) {
       field(
           "max_tokens -1", [](moejit_moe_desc& d) { d.max_tokens = -1; }, INV, "max_tokens"),
       field(
-          "format 9", [](moejit_moe_desc& d) { d.format = static_cast<moejit_format>(9); }, INV, "format"),
+          "format 14", [](moejit_moe_desc& d) { d.format = static_cast<moejit_format>(14); }, INV, "format"),
       field(
           "format -1", [](moejit_moe_desc& d) { d.format = static_cast<moejit_format>(-1); }, INV, "format"),
       field(
@@ -427,7 +427,7 @@ TEST_F(LinearValidation, Fields) {
              {"cols min", [](auto& d) { d.cols = INT32_MIN; }, INV, "cols"},
              {"max_tokens 0", [](auto& d) { d.max_tokens = 0; }, INV, "max_tokens"},
              {"max_tokens -2", [](auto& d) { d.max_tokens = -2; }, INV, "max_tokens"},
-             {"format 9", [](auto& d) { d.format = static_cast<moejit_format>(9); }, INV, "format"},
+             {"format 14", [](auto& d) { d.format = static_cast<moejit_format>(14); }, INV, "format"},
              {"format -1", [](auto& d) { d.format = static_cast<moejit_format>(-1); }, INV, "format"},
              {"scale_dtype 2", [](auto& d) { d.scale_dtype = static_cast<moejit_dtype>(2); }, INV,
               "scale_dtype"},

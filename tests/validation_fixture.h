@@ -43,6 +43,11 @@ struct Store {
         break;
       case MOEJIT_FORMAT_MXFP8_E4M3:
       case MOEJIT_FORMAT_MXFP8_E5M2: bytes = rows * k, srows = rows, scols = (k + group - 1) / group; break;
+      case MOEJIT_FORMAT_Q4_K: bytes = rows * (k / 256) * 144; break;
+      case MOEJIT_FORMAT_Q5_K: bytes = rows * (k / 256) * 176; break;
+      case MOEJIT_FORMAT_Q6_K: bytes = rows * (k / 256) * 210; break;
+      case MOEJIT_FORMAT_Q2_K: bytes = rows * (k / 256) * 84; break;
+      case MOEJIT_FORMAT_Q3_K: bytes = rows * (k / 256) * 110; break;
     }
     data.assign(size_t(bytes > 0 ? bytes : 1) + 64, 0);
     if (srows) scales.assign(size_t(srows * std::max<int64_t>(scols, kMaxStride) * sbytes) + 64, 0);

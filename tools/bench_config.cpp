@@ -174,6 +174,7 @@ Geometry apply_geometry(const CLI::App& app, const Args& a, const Preset& p) {
     require(a.layout == "fused" || a.layout == "separate",
             "--layout: '" + a.layout + "' is not fused or separate");
     g.separate = a.layout == "separate";
+    g.fused_given = !g.separate;
     require(!(g.separate && app.count("--gate-up") && g.interleaved),
             "--gate-up interleaved orders the rows of a fused gate_up: not with --layout separate");
     if (g.separate) g.interleaved = false;
@@ -292,8 +293,8 @@ Config make_config(const CLI::App& app, Args a) {
   if (a.demo) {  // explicit options still win over the demo's choices
     if (!app.count("--preset")) a.preset = "qwen3-30b-a3b";
     if (!app.count("--format"))
-      a.formats = {"bf16",  "fp8_block", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp4",
-                   "nvfp4", "ds_fp4",    "q4_0",       "q8_0"};
+      a.formats = {"bf16", "fp8_block", "mxfp8_e4m3", "mxfp8_e5m2", "mxfp4", "nvfp4", "ds_fp4", "q4_0",
+                   "q8_0", "q4_K",      "q5_K",       "q6_K",       "q2_K",  "q3_K",  "q4_K_M"};
     if (!app.count("--tokens")) a.tokens = {1, 4, 16};
     if (!app.count("--threads")) a.threads = {1, 2};
     if (!app.count("--min-time")) a.min_time = 0.3;
@@ -364,8 +365,10 @@ std::string repro(const Config& c, moejit_format f, int32_t tokens, int32_t thre
   if (g.swiglu_limit != 0) s += " --swiglu-limit " + number(g.swiglu_limit);
   if (g.interleaved) s += " --gate-up interleaved";
   if (g.separate) s += " --layout separate";
+  if (g.fused_given && is_mix(f)) s += " --layout fused";
   if (g.bias) s += " --bias";
-  const moejit::formats::FormatInfo& fi = moejit::formats::info(moejit::formats::Format(f));
+  const moejit::formats::FormatInfo& fi =
+      moejit::formats::info(moejit::formats::Format(proj_formats(f).gate));  // a mix: its gate format
   if (fi.api_groups && g.group_size) s += " --group-size " + std::to_string(g.group_size);
   if (fi.scale_code == moejit::formats::ScaleCode::bf16_f32 && g.scale_dtype == MOEJIT_DTYPE_F32)
     s += " --scale-dtype f32";

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "formats/formats.h"
+#include "formats/kquants.h"
 
 namespace moejit_bench {
 
@@ -65,8 +66,10 @@ Shaper scale_shaper(moejit_format f, fmt::ScaleDtype dt) {
   }
 }
 
-// GGUF q4_0 / q8_0: overwrite each block's leading fp16 `d` with a finite value ~[1e-3, 1.5e-2].
-void patch_gguf_scales(uint8_t* data, int64_t bytes, int64_t block_bytes, uint64_t seed) {
+// GGUF blocks: overwrite each block's fp16 `d` (at d_at) and, where the format
+// has one, `dmin` (dmin_at >= 0) with finite values ~[1e-3, 1.5e-2].
+void patch_gguf_scales(uint8_t* data, int64_t bytes, int64_t block_bytes, uint64_t seed, int d_at = 0,
+                       int dmin_at = -1) {
   constexpr int64_t kBlocksPerChunk = int64_t(1) << 20;
   const int64_t blocks = bytes / block_bytes;
   parallel_for((blocks + kBlocksPerChunk - 1) / kBlocksPerChunk, int(affinity_cpus().size()), [&](int64_t c) {
@@ -74,7 +77,10 @@ void patch_gguf_scales(uint8_t* data, int64_t bytes, int64_t block_bytes, uint64
     for (int64_t b = c * kBlocksPerChunk; b < std::min(blocks, (c + 1) * kBlocksPerChunk); ++b) {
       const uint64_t r = rng.next();
       const uint16_t d = uint16_t(((5 + (r & 3)) << 10) | ((r >> 2) & 0x3FF));
-      std::memcpy(data + b * block_bytes, &d, 2);
+      std::memcpy(data + b * block_bytes + d_at, &d, 2);
+      if (dmin_at < 0) continue;
+      const uint16_t dmin = uint16_t(((5 + ((r >> 12) & 3)) << 10) | ((r >> 14) & 0x3FF));
+      std::memcpy(data + b * block_bytes + dmin_at, &dmin, 2);
     }
   });
 }
@@ -109,13 +115,29 @@ const std::vector<moejit_format>& all_formats() {
   static const std::vector<moejit_format> kAll = {
       MOEJIT_FORMAT_BF16,   MOEJIT_FORMAT_NVFP4,      MOEJIT_FORMAT_MXFP4,
       MOEJIT_FORMAT_DS_FP4, MOEJIT_FORMAT_Q4_0,       MOEJIT_FORMAT_FP8_BLOCK,
-      MOEJIT_FORMAT_Q8_0,   MOEJIT_FORMAT_MXFP8_E4M3, MOEJIT_FORMAT_MXFP8_E5M2};
+      MOEJIT_FORMAT_Q8_0,   MOEJIT_FORMAT_MXFP8_E4M3, MOEJIT_FORMAT_MXFP8_E5M2,
+      MOEJIT_FORMAT_Q4_K,   MOEJIT_FORMAT_Q5_K,       MOEJIT_FORMAT_Q6_K,
+      MOEJIT_FORMAT_Q2_K,   MOEJIT_FORMAT_Q3_K,       kMixQ4KM};
   return kAll;
 }
 
-const char* format_label(moejit_format f) { return fmt::format_name(to_fmt(f)); }
+bool is_mix(moejit_format f) { return f == kMixQ4KM; }
+
+ProjFormats proj_formats(moejit_format f) {
+  if (f == kMixQ4KM) return {MOEJIT_FORMAT_Q4_K, MOEJIT_FORMAT_Q4_K, MOEJIT_FORMAT_Q6_K};
+  return {f, f, f};
+}
+
+Geometry layer_geometry(moejit_format f, const Geometry& g) {
+  Geometry l = g;
+  if (is_mix(f) && !g.fused_given) l.separate = true, l.interleaved = false;
+  return l;
+}
+
+const char* format_label(moejit_format f) { return f == kMixQ4KM ? "q4_K_M" : fmt::format_name(to_fmt(f)); }
 
 bool parse_format(const std::string& name, moejit_format* out) {
+  if (name == "q4_K_M") return *out = kMixQ4KM, true;
   fmt::Format f;
   if (!fmt::format_from_name(name.c_str(), &f)) return false;
   *out = static_cast<moejit_format>(f);
@@ -132,11 +154,14 @@ MatrixBytes matrix_bytes(moejit_format f, const Geometry& g, int64_t rows, int64
   return b;
 }
 
-int64_t expert_bytes(moejit_format f, const Geometry& g) {
+int64_t expert_bytes(moejit_format f, const Geometry& geom) {
   // Separate banks: two [I, H] matrices (fp8_block's 128-row scale blocks per bank).
-  const int64_t gate_up = g.separate ? 2 * matrix_bytes(f, g, g.intermediate, g.hidden).total()
-                                     : matrix_bytes(f, g, 2 * int64_t(g.intermediate), g.hidden).total();
-  return gate_up + matrix_bytes(f, g, g.hidden, g.intermediate).total();
+  const Geometry g = layer_geometry(f, geom);
+  const ProjFormats p = proj_formats(f);
+  const int64_t gate_up = g.separate ? matrix_bytes(p.gate, g, g.intermediate, g.hidden).total() +
+                                           matrix_bytes(p.up, g, g.intermediate, g.hidden).total()
+                                     : matrix_bytes(p.gate, g, 2 * int64_t(g.intermediate), g.hidden).total();
+  return gate_up + matrix_bytes(p.down, g, g.hidden, g.intermediate).total();
 }
 
 double bytes_per_weight(moejit_format f, const Geometry& g) {
@@ -145,10 +170,16 @@ double bytes_per_weight(moejit_format f, const Geometry& g) {
 
 std::string check_geometry(moejit_format f, const Geometry& g) {
   const char* why = "";
-  if (!fmt::k_is_valid(to_fmt(f), group_of(f, g), g.hidden, &why))
-    return std::string("hidden ") + std::to_string(g.hidden) + " " + why;
-  if (!fmt::k_is_valid(to_fmt(f), group_of(f, g), g.intermediate, &why))
-    return std::string("intermediate ") + std::to_string(g.intermediate) + " " + why;
+  const ProjFormats p = proj_formats(f);
+  // A mix names the projection's format.
+  const auto of = [&](moejit_format pf) {
+    return is_mix(f) ? std::string(" (") + format_label(pf) + ")" : "";
+  };
+  for (moejit_format gu : {p.gate, p.up})
+    if (!fmt::k_is_valid(to_fmt(gu), group_of(gu, g), g.hidden, &why))
+      return std::string("hidden ") + std::to_string(g.hidden) + " " + why + of(gu);
+  if (!fmt::k_is_valid(to_fmt(p.down), group_of(p.down, g), g.intermediate, &why))
+    return std::string("intermediate ") + std::to_string(g.intermediate) + " " + why + of(p.down);
   return "";
 }
 
@@ -161,6 +192,11 @@ MatrixBank::MatrixBank(moejit_format f, const Geometry& g, int64_t rows, int64_t
   const fmt::FormatInfo& fi = fmt::info(to_fmt(f));
   if (fi.scales == fmt::ScaleKind::inline_fp16)  // GGUF blocks: a finite d at the start of each
     patch_gguf_scales(data_.data(), int64_t(data_.size()), fi.block_bytes, seed + 7);
+  if (fmt::is_kquant(to_fmt(f))) {
+    const fmt::KQuant kq = fmt::KQuant(int32_t(f));
+    patch_gguf_scales(data_.data(), int64_t(data_.size()), fmt::info(to_fmt(f)).block_bytes, seed + 7,
+                      fmt::kquant_d_offset(kq), fmt::kquant_dmin_offset(kq));
+  }
   if (bytes_.scales > 0) {
     scales_ = Buffer(size_t(bytes_.scales * stored));
     fill_words(scales_.data(), scales_.size(), seed + 13, scale_shaper(f, scale_dtype_of(f, g)));
@@ -202,15 +238,19 @@ int32_t cold_pool_slots(moejit_format f, const Geometry& g, int64_t l3_bytes) {
 
 Layer::Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing, int32_t slots)
     : format_(f),
-      geometry_(g),
+      geometry_(layer_geometry(f, g)),
       slots_(std::max(slots, g.experts)),
       backing_(backing > 0 ? std::min(backing, slots_) : slots_),
       ring_(size_t(slots_)),
       slot_of_(size_t(g.experts), -1) {
-  const int64_t gate_rows = g.separate ? int64_t(g.intermediate) : 2 * int64_t(g.intermediate);
-  gate_up_ = MatrixBank(f, g, gate_rows, g.hidden, slots_, backing_, seed * 4 + 1);
-  if (g.separate) up_ = MatrixBank(f, g, g.intermediate, g.hidden, slots_, backing_, seed * 4 + 3);
-  down_ = MatrixBank(f, g, g.hidden, g.intermediate, slots_, backing_, seed * 4 + 2);
+  const Geometry& lg = geometry_;
+  const ProjFormats p = proj_formats(f);
+  const int64_t gate_rows = lg.separate ? int64_t(lg.intermediate) : 2 * int64_t(lg.intermediate);
+  gate_up_ = MatrixBank(p.gate, lg, gate_rows, lg.hidden, slots_, backing_, seed * 4 + 1);
+  if (lg.separate) up_ = MatrixBank(p.up, lg, lg.intermediate, lg.hidden, slots_, backing_, seed * 4 + 3);
+  down_ = MatrixBank(p.down, lg, lg.hidden, lg.intermediate, slots_, backing_, seed * 4 + 2);
+  up_fmt_ = {p.up, MOEJIT_DTYPE_BF16, 0};
+  down_fmt_ = {p.down, MOEJIT_DTYPE_BF16, 0};
   std::iota(ring_.begin(), ring_.end(), 0);
   Rng rng(seed * 4 + 3);
   for (int32_t i = slots_ - 1; i > 0; --i) std::swap(ring_[size_t(i)], ring_[rng.below(uint32_t(i + 1))]);
@@ -240,7 +280,7 @@ moejit_moe_desc Layer::desc(int32_t max_tokens) const {
   moejit_moe_desc d{};
   d.struct_size = sizeof(d);
   d.format = format_;
-  const fmt::FormatInfo& fi = fmt::info(to_fmt(format_));
+  const fmt::FormatInfo& fi = fmt::info(to_fmt(proj_formats(format_).gate));  // a mix: its gate format
   d.scale_dtype = fi.scale_code == fmt::ScaleCode::bf16_f32 ? geometry_.scale_dtype : MOEJIT_DTYPE_BF16;
   d.group_size = fi.api_groups ? geometry_.group_size : 0;
   d.hidden = geometry_.hidden;
@@ -261,6 +301,11 @@ moejit_moe_desc Layer::desc(int32_t max_tokens) const {
     d.gate_up = gate_up_.data();
   }
   d.down = down_.data();
+  if (is_mix(format_)) {
+    d.format = proj_formats(format_).gate;
+    if (geometry_.separate) d.up_format = &up_fmt_;
+    d.down_format = &down_fmt_;
+  }
   return d;
 }
 

@@ -10,10 +10,21 @@
 
 namespace moejit_bench {
 
-// The nine formats of formats.md, by id.
+// The formats of formats.md, by id, then the mixes.
 const std::vector<moejit_format>& all_formats();
-const char* format_label(moejit_format f);  // "bf16", "fp8_block", ...
+const char* format_label(moejit_format f);  // "bf16", "fp8_block", ..., "q4_K_M"
 bool parse_format(const std::string& name, moejit_format* out);
+
+// A mix: one format per projection, under a name of its own, taken wherever a
+// format is. Its value is no format id of the library (and its CSV format_id is
+// -1). q4_K_M is llama.cpp's default: gate and up q4_K, down q6_K, in separate
+// gate and up banks as GGUF files hold them (fused with an explicit --layout fused).
+inline constexpr moejit_format kMixQ4KM = static_cast<moejit_format>(1001);
+bool is_mix(moejit_format f);
+struct ProjFormats {
+  moejit_format gate, up, down;
+};
+ProjFormats proj_formats(moejit_format f);  // a plain format three times
 
 // Everything about a MoE layer except its weight format.
 struct Geometry {
@@ -26,6 +37,7 @@ struct Geometry {
   float swiglu_limit = 0.0f;                     // 0 = no clamp
   bool interleaved = false;                      // gate_up rows interleaved (gpt-oss) instead of concatenated
   bool separate = false;                         // gate and up in banks of their own (--layout separate)
+  bool fused_given = false;                      // --layout fused given: mixes fuse gate_up too
   bool bias = false;                             // bf16 biases on gate_up and down
   int32_t group_size = 0;                        // mxfp8 only: 0 (= 32), 32, 64, 128
   moejit_dtype scale_dtype = MOEJIT_DTYPE_BF16;  // fp8_block only
@@ -50,8 +62,11 @@ struct MatrixBytes {
 };
 MatrixBytes matrix_bytes(moejit_format f, const Geometry& g, int64_t rows, int64_t k);
 
-// Weight + scale bytes of one expert (gate_up [2I, H], or gate and up [I, H] each, and down [H, I]);
-// biases not counted.
+// The geometry a format's layer has: a mix keeps gate and up apart unless --layout fused was given.
+Geometry layer_geometry(moejit_format f, const Geometry& g);
+
+// Weight + scale bytes of one expert (gate_up [2I, H], or gate and up [I, H] each, and down [H, I],
+// each projection in its own format); biases not counted.
 int64_t expert_bytes(moejit_format f, const Geometry& g);
 double bytes_per_weight(moejit_format f, const Geometry& g);
 
@@ -121,11 +136,12 @@ class Layer {
   Geometry geometry_;
   int32_t slots_;
   int32_t backing_;
-  MatrixBank gate_up_, up_, down_;        // gate_up_ is the gate bank when separate
-  std::vector<int32_t> ring_;             // every slot once, in a fixed random order
-  mutable size_t cursor_ = 0;             // next position in ring_
-  mutable std::vector<int32_t> slot_of_;  // per model expert: its slot in the current call, -1
-  mutable std::vector<int32_t> placed_;   // model experts given a slot in the current call
+  MatrixBank gate_up_, up_, down_;            // gate_up_ is the gate bank when separate
+  moejit_proj_format up_fmt_{}, down_fmt_{};  // a mix's up and down formats
+  std::vector<int32_t> ring_;                 // every slot once, in a fixed random order
+  mutable size_t cursor_ = 0;                 // next position in ring_
+  mutable std::vector<int32_t> slot_of_;      // per model expert: its slot in the current call, -1
+  mutable std::vector<int32_t> placed_;       // model experts given a slot in the current call
 };
 
 // How a call's tokens pick their experts. uniform: top_k distinct experts each, uniformly;

@@ -54,7 +54,7 @@ class CsvReporter : public Reporter {
     for (const std::string& w : row_warnings(r, l3_)) message += (message.empty() ? "" : "; ") + w;
     const std::string pool_l3 = l3_ > 0 ? strf("%.2f", double(r.layer.pool_bytes) / double(l3_)) : "";
     const std::vector<std::string> fields = {format_label(r.spec.format),
-                                             std::to_string(int(r.spec.format)),
+                                             std::to_string(is_mix(r.spec.format) ? -1 : int(r.spec.format)),
                                              strf("%.6f", r.layer.bytes_per_weight),
                                              std::to_string(g.hidden),
                                              std::to_string(g.intermediate),

@@ -121,6 +121,13 @@ class TableReporter : public Reporter {
               : strf("%.0f%%", std::min(100.0, 100.0 * double(l.huge_page_bytes) / double(l.pool_bytes)))
                     .c_str(),
           l.generate_seconds);
+      if (is_mix(l.format)) {
+        const ProjFormats p = proj_formats(l.format);
+        const bool fused = !layer_geometry(l.format, run_.geometry).separate;
+        std::printf("      %s: gate %s, up %s, down %s, %s\n", format_label(l.format), format_label(p.gate),
+                    format_label(p.up), format_label(p.down),
+                    fused ? "gate_up fused (--layout fused)" : "separate gate and up banks");
+      }
       if (!l.peer_note.empty()) std::printf("      %s: %s\n", l.peer_label.c_str(), l.peer_note.c_str());
     }
     if (!notes_.empty()) std::printf("\nnotes:\n");

@@ -323,16 +323,17 @@ class MoE:
             format's bytes for K = hidden (docs/FORMATS.md): bf16 ``[2I, H]``
             bf16, fp8_block / mxfp8 ``[2I, H]`` of 1-byte elements, mxfp4 / ds_fp4
             / nvfp4 ``[2I, H/2]`` uint8 (or ``[2I, H/32, 16]``), q4_0 / q8_0
-            ``[2I, H/32 * 18 or 34]`` uint8, the K-quants ``[2I, H/256 * bytes of
-            a super-block]`` uint8.
+            ``[2I, H/32 * 18 or 34]`` uint8, the GGUF K-quants q4_K / q5_K / q6_K /
+            q2_K / q3_K ``[2I, H/256 * 144, 176, 210, 84 or 110]`` uint8 (or any
+            shape whose rows hold those bytes, e.g. a GGUF tensor's).
         gate[e], up[e]: ``[intermediate, ...]`` each, rows of K = hidden (instead
             of gate_up).
         down[e]: ``[hidden, ...]``, rows of K = intermediate.
         *_scales[e]: block scales: fp8_block ``[ceil(rows/128), >= ceil(K/128)]``
             bf16 or f32; mxfp4 / ds_fp4 / mxfp8 ``[rows, >= K/g]`` e8m0 (uint8);
             nvfp4 ``[rows, >= K/16]`` e4m3. Wider rows (padding), or a column slice
-            of a wider tensor, give the scale row stride. None for bf16, q4_0,
-            q8_0 and the K-quants.
+            of a wider tensor, give the scale row stride. None for bf16, q4_0, q8_0
+            and the K-quants (their scales are inside the weight bytes).
         *_row_scales[e]: nvfp4 only, fp32 ``[rows]``.
         *_bias[e]: optional bf16 ``[rows]``.
 

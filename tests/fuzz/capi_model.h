@@ -22,7 +22,7 @@ using fuzz::Reader;
 
 // ---------------------------------------------------------------- rules of docs/API.md and FORMATS.md
 
-constexpr int kFormats = 9;
+constexpr int kFormats = 14;  // 9..13: the GGUF K-quants (0.2)
 // moejit_moe_desc of 0.1 ends at `down`; its size stays valid (docs/API.md).
 constexpr size_t kMoeDescV1Size = offsetof(moejit_moe_desc, gate);
 // Every format has kernels on every tier. The one valid descriptor a build may
@@ -31,16 +31,19 @@ constexpr size_t kMoeDescV1Size = offsetof(moejit_moe_desc, gate);
 inline bool stride_in_kernel(int f) { return f == 1 || f == 2 || f == 3 || f == 7 || f == 8; }
 inline bool block_scaled(int f) { return f == 1 || f == 2 || f == 3 || f == 5 || f == 7 || f == 8; }
 inline bool mx8(int f) { return f == 7 || f == 8; }
+inline bool kquant(int f) { return f >= 9 && f <= 13; }
+// K-quants: super-blocks of 256 (K % 256), their bytes: q4_K 144, q5_K 176, q6_K 210, q2_K 84, q3_K 110.
 inline int group_of(int f, int32_t group_size) {
   switch (f) {
     case 1: return 16;
     case 5: return 128;
     case 7:
     case 8: return group_size ? group_size : 32;
-    default: return 32;
+    default: return kquant(f) ? 256 : 32;
   }
 }
 inline int64_t row_bytes(int f, int64_t k) {
+  static const int64_t kSuperBlock[] = {144, 176, 210, 84, 110};
   switch (f) {
     case 0: return 2 * k;
     case 1:
@@ -48,7 +51,7 @@ inline int64_t row_bytes(int f, int64_t k) {
     case 3: return k / 2;
     case 4: return k / 32 * 18;
     case 6: return k / 32 * 34;
-    default: return k;
+    default: return kquant(f) ? k / 256 * kSuperBlock[f - 9] : k;
   }
 }
 inline int64_t scale_cols(int f, int group, int64_t k) {

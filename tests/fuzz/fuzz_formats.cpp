@@ -1,6 +1,6 @@
 // Fuzz harness for formats/: every scalar element decoder, f32_to_bf16 and
 // round_bf16, the layout traits, weight() and gemv_scalar() on small fuzzed
-// layouts of all nine formats, and quantize() into those layouts; and the GGUF
+// layouts of all fourteen formats, and quantize() into those layouts; and the GGUF
 // K-quants of formats/kquants (decoders, reference GEMV, quantizers) on
 // arbitrary super-block bytes and fp32 inputs.
 //
@@ -108,6 +108,22 @@ void check_decoders(fuzz::Reader& in) {
 
 // ---------------------------------------------------------------- layouts
 
+// Offsets of d and dmin and the ranges of the factors, from docs/FORMATS.md's K-quant table.
+struct KqSpec {
+  int block, subs, d, dmin;  // dmin -1: none
+  int sc_lo, sc_hi, q_lo, q_hi;
+};
+KqSpec kq_spec(fm::KQuant f) {
+  switch (f) {
+    case fm::KQuant::q4_K: return {144, 8, 0, 2, 0, 63, 0, 15};
+    case fm::KQuant::q5_K: return {176, 8, 0, 2, 0, 63, 0, 31};
+    case fm::KQuant::q6_K: return {210, 16, 208, -1, -128, 127, -32, 31};
+    case fm::KQuant::q2_K: return {84, 16, 80, 82, 0, 15, 0, 3};
+    case fm::KQuant::q3_K: return {110, 16, 108, -1, -32, 31, -4, 3};
+  }
+  return {};
+}
+
 struct Case {
   fm::Layout l;
   int64_t cols = 0, srows = 0, sbytes = 0;  // scale columns, rows, bytes per element
@@ -122,6 +138,11 @@ int64_t pick_k(fuzz::Reader& in, Format f, int32_t group) {
     case Format::bf16:
     case Format::fp8_block: return in.range(1, 700);
     case Format::nvfp4: return 16 * in.range(1, 40);
+    case Format::q4_K:
+    case Format::q5_K:
+    case Format::q6_K:
+    case Format::q2_K:
+    case Format::q3_K: return 256 * in.range(1, 3);
     default: return group * in.range(1, 600 / group);
   }
 }
@@ -217,10 +238,46 @@ bool build_case(fuzz::Reader& in, Case& c) {
   return true;
 }
 
+// The layout entry points of a K-quant (weight, gemv_scalar, quantize) are
+// formats/kquants' functions, whose numerics check_kquant fuzzes: the same
+// values and bits, and the same bytes.
+void check_layout_kquant(fuzz::Reader& in, const Case& c) {
+  const fm::Layout& l = c.l;
+  const fm::KQuant f = fm::KQuant(int(l.format));
+  const char* nm = fm::format_name(l.format);
+  FUZZ_CHECK(fm::info(l.format).sub_block == 256 / kq_spec(f).subs, "%s sub-block", nm);
+  for (int i = 0; i < 16; ++i) {
+    const int64_t r = i == 0 ? l.rows - 1 : in.range(0, l.rows - 1);
+    const int64_t k = i == 0 ? l.k - 1 : in.range(0, l.k - 1);
+    const double want = fm::kquant_weight(f, c.data.data(), l.k, r, k), got = fm::weight(l, c.ref, r, k);
+    FUZZ_CHECK(same(want, got), "weight(%s, r=%lld, k=%lld) = %a, kquant_weight %a", nm, (long long)r,
+               (long long)k, got, want);
+  }
+  const int64_t r0 = in.range(0, l.rows - 1);
+  const int64_t n = in.range(1, l.rows - r0 < 8 ? l.rows - r0 : 8);
+  std::vector<float> x(size_t(l.k));
+  for (auto& v : x) v = fm::bf16_to_f32(in.chance(16) ? in.u16() : uint16_t((in.u16() & 0x80FF) | 0x3C00));
+  std::vector<float> y(size_t(n) + 1, 12345.0f), want(static_cast<size_t>(n));
+  fm::gemv_scalar(l, c.ref, r0, n, x.data(), y.data());
+  FUZZ_CHECK(y[size_t(n)] == 12345.0f, "gemv_scalar(%s) wrote past its n = %lld outputs", nm, (long long)n);
+  fm::kquant_gemv(f, c.data.data() + r0 * ref_row_bytes(l.format, l.k), l.k, n, x.data(), want.data());
+  FUZZ_CHECK(std::memcmp(y.data(), want.data(), size_t(n) * 4) == 0, "gemv_scalar(%s) is not kquant_gemv",
+             nm);
+  std::vector<float> w(size_t(l.rows * l.k));
+  for (auto& v : w)
+    v = in.chance(24) ? in.f32() : std::ldexp(float(int(in.range(-1000, 1000))), int(in.range(-20, 4)));
+  std::vector<uint8_t> a(c.data.size(), 0xA5), b(c.data.size(), 0x5A);
+  const fm::QuantResult qa = fm::quantize(l, w.data(), {a.data(), nullptr, nullptr});
+  const fm::QuantResult qb = fm::kquant_quantize(f, l.rows, l.k, w.data(), b.data());
+  FUZZ_CHECK(qa.ok && qb.ok && qa.nonfinite == qb.nonfinite && a == b, "quantize(%s) is not kquant_quantize",
+             nm);
+}
+
 void check_layout(fuzz::Reader& in) {
   Case c;
   if (!build_case(in, c)) return;
   const fm::Layout& l = c.l;
+  if (fm::is_kquant(l.format)) return check_layout_kquant(in, c);
 
   // weight() at fuzzed positions, including the corners.
   for (int i = 0; i < 16; ++i) {
@@ -305,22 +362,6 @@ void check_layout(fuzz::Reader& in) {
 }
 
 // ---------------------------------------------------------------- K-quants
-
-// Offsets of d and dmin and the ranges of the factors, from docs/FORMATS.md's K-quant table.
-struct KqSpec {
-  int block, subs, d, dmin;  // dmin -1: none
-  int sc_lo, sc_hi, q_lo, q_hi;
-};
-KqSpec kq_spec(fm::KQuant f) {
-  switch (f) {
-    case fm::KQuant::q4_K: return {144, 8, 0, 2, 0, 63, 0, 15};
-    case fm::KQuant::q5_K: return {176, 8, 0, 2, 0, 63, 0, 31};
-    case fm::KQuant::q6_K: return {210, 16, 208, -1, -128, 127, -32, 31};
-    case fm::KQuant::q2_K: return {84, 16, 80, 82, 0, 15, 0, 3};
-    case fm::KQuant::q3_K: return {110, 16, 108, -1, -32, 31, -4, 3};
-  }
-  return {};
-}
 
 // Super-block bytes, weights, GEMV and quantizer on fuzzed input. Buffers end
 // exactly at the rows' last byte and start at odd addresses (rows lie anywhere

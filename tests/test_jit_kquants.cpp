@@ -1,0 +1,246 @@
+// White-box tests of the K-quant kernels (jit/decode_kquant.cpp): every format
+// on every tier this CPU has, called directly, against float64 from the
+// per-bit decoder of kquants_test_util.h (written from the layout tables, not
+// from formats/kquants.cpp), with the bound sum(|d sc q x| + |dmin m x|) of
+// formats.md. Rows lie at odd addresses; K = 256 n for several n; row counts
+// that leave partial row groups; every token count a kernel holds; a token's
+// bits alone and inside a multi-token call; every byte value of every scale
+// field; fp16 subnormal, infinite and NaN d and dmin.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "jit/cpu.h"
+#include "jit/gemv.h"
+#include "jit/kernel_cache.h"
+#include "kquants_test_util.h"
+#include "rng.h"
+
+namespace {
+
+using namespace kquants_test;
+namespace jit = moejit::jit;
+
+struct Variant {
+  jit::Isa isa;
+  uint32_t flags;
+  const char* name;
+};
+// The no-VBMI flag changes nothing for the K-quants; it is kept to show that.
+const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
+                             {jit::Isa::avx512, 0, "avx512"},
+                             {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
+                             {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"}};
+
+jit::KernelKey make_key(const Variant& v, KQuant f, int k, int rows, int tokens) {
+  jit::KernelKey key;
+  key.format = moejit::formats::Format(int32_t(f));
+  key.k = k;
+  key.rows = rows;
+  key.tokens = tokens;
+  key.group = 256;  // the plan's: the format table's group
+  key.isa = v.isa;
+  key.flags = v.flags;
+  return key;
+}
+
+// rows * row_bytes bytes starting at an odd address (rows lie anywhere in a
+// mapped GGUF file), the buffer ending right after the last row.
+struct Bank {
+  std::vector<uint8_t> buf;
+  size_t row_bytes = 0;
+  uint8_t* data() { return buf.data() + 1; }
+  const uint8_t* data() const { return buf.data() + 1; }
+  const uint8_t* row(int r) const { return data() + size_t(r) * row_bytes; }
+};
+
+Bank make_bank(KQuant f, int rows, int k, moejit_test::Rng& rng) {
+  Bank b;
+  b.row_bytes = size_t(fm::kquant_row_bytes(f, k));
+  const std::vector<uint8_t> blocks = random_blocks(f, rows * (k / 256), rng);
+  b.buf.assign(blocks.size() + 1, 0);
+  std::memcpy(b.data(), blocks.data(), blocks.size());
+  return b;
+}
+
+// Runs `kern` on the bank's first key.rows rows with `tokens` activation
+// vectors from x (k floats each, exact bf16 values), prepared by the kernel's XPrep.
+std::vector<float> run(const jit::Kernel& kern, const Bank& b, const std::vector<float>& x) {
+  const jit::KernelKey& key = kern.key();
+  const jit::XPrep prep = jit::x_prep(key.isa, key.format, key.flags);
+  const size_t vb = size_t(prep.vector_bytes(key.k));
+  std::vector<uint8_t> xp(vb * size_t(key.tokens), 0);
+  for (int m = 0; m < key.tokens; ++m)
+    prep.store(xp.data() + vb * size_t(m), 0, &x[size_t(m) * key.k], key.k);
+  std::vector<float> y(size_t(key.rows) * size_t(key.tokens), -12345.0f);
+  jit::GemvArgs a{};
+  a.w = b.data();
+  a.x = xp.data();
+  a.y = y.data();
+  a.w_prefetch = b.data();
+  kern.fn()(&a);
+  return y;
+}
+
+std::shared_ptr<const jit::Kernel> kernel(const jit::KernelKey& key) {
+  std::string err;
+  auto k = jit::global_cache().get(key, &err);
+  EXPECT_TRUE(k) << key.name() << ": " << err;
+  return k;
+}
+
+// got against float64 with the bound (K + 64) 2^-24 sum(|d sc q x| + |dmin m x|),
+// plus an absolute term for results in the subnormal range. Non-finite float64
+// results (inf or NaN scales) must come out non-finite, NaN where float64 is NaN.
+::testing::AssertionResult matches(KQuant f, const uint8_t* row, int k, const float* x, float got) {
+  double want, mag, smax;
+  float64_row(f, row, k, x, &want, &mag, &smax);
+  if (!std::isfinite(want)) {
+    if (std::isfinite(got) || (std::isnan(want) && !std::isnan(got)))
+      return ::testing::AssertionFailure() << "got " << got << " want " << want;
+    return ::testing::AssertionSuccess();
+  }
+  const double bound = (k + 64) * (std::ldexp(mag, -24) * 1.001 + std::ldexp(smax, -149));
+  if (!(std::fabs(double(got) - want) <= bound))
+    return ::testing::AssertionFailure() << "got " << got << " want " << want << " bound " << bound;
+  return ::testing::AssertionSuccess();
+}
+
+bool available(const Variant& v) { return jit::isa_available(v.isa); }
+
+class KQuantKernels : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(KQuantKernels, MatchFloat64AndKeepEachTokensBits) {
+  const Variant v = GetParam();
+  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
+  moejit_test::Rng rng(23);
+  for (KQuant f : kAll) {
+    const int most = jit::max_tokens_per_call(v.isa, moejit::formats::Format(int32_t(f)));
+    ASSERT_GE(most, 2) << name(f);
+    for (int k : {256, 512, 768, 2048}) {
+      for (int rows : {1, 3, 8, 13, 16, 17}) {
+        const Bank b = make_bank(f, rows, k, rng);
+        std::vector<float> x;
+        for (int m = 0; m < most; ++m) {
+          const std::vector<float> xm = bf16_x(k, rng);
+          x.insert(x.end(), xm.begin(), xm.end());
+        }
+        std::vector<float> alone;  // each token's outputs from the one-token kernel
+        for (int tokens = 1; tokens <= most; ++tokens) {
+          if (rows > 3 && tokens > 2 && tokens < most) continue;  // the middle counts at small shapes only
+          const auto kern = kernel(make_key(v, f, k, rows, tokens));
+          ASSERT_TRUE(kern);
+          const std::vector<float> y = run(*kern, b, x);
+          for (int m = 0; m < tokens; ++m)
+            for (int r = 0; r < rows; ++r)
+              ASSERT_TRUE(matches(f, b.row(r), k, &x[size_t(m) * k], y[size_t(m) * rows + r]))
+                  << kern->key().name() << " token " << m << " row " << r;
+          if (tokens == 1) {
+            alone = y;
+            for (int m = 1; m < most; ++m) {  // every token alone
+              std::vector<float> xm(x.begin() + m * k, x.begin() + (m + 1) * k);
+              const std::vector<float> ym = run(*kern, b, xm);
+              alone.insert(alone.end(), ym.begin(), ym.end());
+            }
+          }
+          ASSERT_EQ(std::memcmp(y.data(), alone.data(), y.size() * 4), 0)
+              << kern->key().name() << ": a token's bits depend on the tokens beside it";
+        }
+      }
+    }
+  }
+}
+
+// Every byte value of every byte of the scale fields (and of d and dmin):
+// row r of 256 holds value r in the byte under test, the rest random.
+TEST_P(KQuantKernels, EveryScaleByteValue) {
+  const Variant v = GetParam();
+  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
+  moejit_test::Rng rng(29);
+  for (KQuant f : kAll) {
+    const BitMap bm = bit_map(f);
+    std::vector<int> bytes;  // the bytes of the sub-block scales, mins, d and dmin
+    for (const std::vector<Field>* fields : {&bm.sc, &bm.m})
+      for (const Field& fld : *fields)
+        for (int bit : fld.bits) bytes.push_back(bit / 8);
+    for (const Field* fld : {&bm.d, &bm.dmin})
+      for (int bit : fld->bits) bytes.push_back(bit / 8);
+    std::sort(bytes.begin(), bytes.end());
+    bytes.erase(std::unique(bytes.begin(), bytes.end()), bytes.end());
+    const int rows = 256, k = 512;
+    const auto kern = kernel(make_key(v, f, k, 64, 1));
+    ASSERT_TRUE(kern);
+    for (int byte : bytes) {
+      Bank b = make_bank(f, rows, k, rng);
+      for (int r = 0; r < rows; ++r)
+        b.data()[size_t(r) * b.row_bytes + size_t(bm.bytes) + size_t(byte)] = uint8_t(r);
+      const std::vector<float> x = bf16_x(k, rng);
+      for (int r0 = 0; r0 < rows; r0 += 64) {
+        Bank part;
+        part.row_bytes = b.row_bytes;
+        part.buf.assign(1 + 64 * b.row_bytes, 0);
+        std::memcpy(part.data(), b.row(r0), 64 * b.row_bytes);
+        const std::vector<float> y = run(*kern, part, x);
+        for (int i = 0; i < 64; ++i)
+          ASSERT_TRUE(matches(f, part.row(i), k, x.data(), y[size_t(i)]))
+              << kern->key().name() << " byte " << byte << " of the second super-block = " << r0 + i;
+      }
+    }
+  }
+}
+
+// d and dmin at the edges of fp16: subnormals (D_j = d sc exact in fp32 all the
+// same), the largest finite, infinities and NaN (which propagate).
+TEST_P(KQuantKernels, ExtremeSuperBlockScales) {
+  const Variant v = GetParam();
+  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
+  moejit_test::Rng rng(31);
+  const uint16_t kHalves[] = {0x0001, 0x03FF, 0x8001, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x0000};
+  for (KQuant f : kAll) {
+    const BitMap bm = bit_map(f);
+    const int k = 768, rows = 16;
+    const auto kern = kernel(make_key(v, f, k, rows, 1));
+    ASSERT_TRUE(kern);
+    for (uint16_t hd : kHalves)
+      for (uint16_t hm : {uint16_t(0x3C00), uint16_t(0x0003), uint16_t(0x7C00), uint16_t(0x7E00)}) {
+        if (!bm.mins && hm != 0x3C00) continue;
+        Bank b = make_bank(f, rows, k, rng);
+        for (int r = 0; r < rows; ++r) {  // one super-block per row gets the edge value
+          uint8_t* blk = b.data() + size_t(r) * b.row_bytes + size_t(bm.bytes) * size_t(r % 3);
+          set_fp16(bm.d, blk, hd);
+          if (bm.mins) set_fp16(bm.dmin, blk, hm);
+        }
+        const std::vector<float> x = bf16_x(k, rng);
+        const std::vector<float> y = run(*kern, b, x);
+        for (int r = 0; r < rows; ++r)
+          ASSERT_TRUE(matches(f, b.row(r), k, x.data(), y[size_t(r)]))
+              << kern->key().name() << " d " << std::hex << hd << " dmin " << hm << " row " << std::dec << r;
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, KQuantKernels, ::testing::ValuesIn(kVariants),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// The kernels of every tier are generated from the K-quant decoder (not a
+// fallback), each decode named, and the prepared x of the formats with mins
+// carries their sums (the kernels read them: a wrong sum fails the tests above).
+TEST(KQuantKernels, DecoderAndPreparedSums) {
+  for (const Variant& v : kVariants) {
+    for (KQuant f : kAll) {
+      const std::string path = jit::decode_path(v.isa, moejit::formats::Format(int32_t(f)), v.flags);
+      EXPECT_NE(path.find("K-quant"), std::string::npos) << v.name << " " << name(f) << ": " << path;
+      const jit::XPrep prep = jit::x_prep(v.isa, moejit::formats::Format(int32_t(f)), v.flags);
+      const fm::KQuantTraits t = fm::kquant_traits(f);
+      EXPECT_EQ(prep.sums().span, t.has_mins ? t.sub_block_size : 0) << v.name << " " << name(f);
+      EXPECT_EQ(prep.elem_bytes(), 4u) << v.name << " " << name(f);
+    }
+  }
+}
+
+}  // namespace
