@@ -35,8 +35,13 @@ using namespace Xbyak::util;
 
 namespace {
 
+// Lanes 0..7 (k3, k_grp2, holds lanes 8..15).
+inline const Opmask k_lo8 = Xbyak::util::k4;
+
 constexpr int kMOff = 64, kEOff = 128;
-constexpr int kAreaBytes = 192;  // D, M, E
+constexpr int kByteOff = 192;    // a super-block's sub-block scales and mins as bytes, from the GPRs
+constexpr int kHalfOff = 208;    // fp16 d and dmin widened to fp32, for broadcasts
+constexpr int kAreaBytes = 256;  // D, M, E, bytes, halves
 
 // The block's sum and its min term (the decode applied D_j).
 class KQuantRule : public ScaleRule {
@@ -253,17 +258,48 @@ class Q45Zmm : public KQuantDecoder {
     g().vmovups(r_.c[0], ptr[rip + d_.base]);
     g().mov(r_.tmp.cvt32(), kGroup2Lanes);
     g().kmovw(k_grp2, r_.tmp.cvt32());
+    g().mov(r_.tmp.cvt32(), 0x00FF);
+    g().kmovw(k_lo8, r_.tmp.cvt32());
   }
+  // The 6-bit scales and mins unpacked in general-purpose registers (their
+  // ALU ports are the ones the vector code leaves idle; the vector unpack cost
+  // a fifth of the kernel), as bytes sc 0..7, m 0..7 (kquants.h):
+  //   sc 0..3 = s[0..3] & 63, m 0..3 = s[4..7] & 63,
+  //   sc 4..7 = s[8..11] & 15 | (s[0..3] >> 6) << 4, m 4..7 = s[8..11] >> 4 | (s[4..7] >> 6) << 4.
   void emit_factors(const Cursor& w) override {
     Generator& a = g();
-    const Xmm f = r_.w[0], dd = r_.w[1];
-    emit_packed6(ptr[w.at()], f, dd, r_.w[2], r_.w[3]);
+    const Reg64 t = r_.tmp, u = r11;  // r11 saved around it
+    const Xmm b = Xmm(r_.w[2].getIdx());
+    a.push(r11);
+    auto dword = [&](const Reg64& r, int at, int shr, uint32_t mask) {
+      a.mov(r.cvt32(), ptr[w.at(4 + at)]);
+      if (shr) a.shr(r.cvt32(), shr);
+      a.and_(r.cvt32(), mask);
+    };
+    // sc 0..7 in t, to the low qword of b
+    dword(t, 0, 2, 0x30303030u);  // (s >> 6) << 4 of each byte
+    dword(u, 8, 0, 0x0F0F0F0Fu);
+    a.or_(t, u);
+    a.shl(t, 32);
+    dword(u, 0, 0, 0x3F3F3F3Fu);
+    a.or_(t, u);
+    a.vmovq(b, t);
+    // m 0..7 in t, to the high qword
+    dword(t, 4, 2, 0x30303030u);
+    dword(u, 8, 4, 0x0F0F0F0Fu);
+    a.or_(t, u);
+    a.shl(t, 32);
+    dword(u, 4, 0, 0x3F3F3F3Fu);
+    a.or_(t, u);
+    a.vpinsrq(b, b, t, 1);
+    a.pop(r11);
+    const Xmm f = r_.w[0], h = Xmm(r_.w[1].getIdx());
+    a.vcvtph2ps(h, ptr[w.at()]);  // d, dmin (and two halves of scale bytes)
+    a.vmovups(ptr[r_.aux + kHalfOff], h);
+    a.vpmovzxbd(f, b);
     a.vcvtdq2ps(f, f);
-    // [d x 8 | dmin x 8]
-    a.vpbroadcastw(Ymm(dd.getIdx()), ptr[w.at()]);
-    a.vpbroadcastw(Ymm(dd.getIdx()) | k_grp2, ptr[w.at(2)]);
-    a.vcvtph2ps(dd, Ymm(dd.getIdx()));
-    a.vmulps(f, f, dd);
+    a.vmulps(f | k_lo8, f, ptr_b[r_.aux + kHalfOff]);
+    a.vmulps(f | k_grp2, f, ptr_b[r_.aux + kHalfOff + 4]);
     a.vmovups(ptr[r_.aux], f);               // D_j at aux + 4 j (lanes 8..15: scratch)
     a.vmovups(ptr[r_.aux + kMOff - 32], f);  // M_j at aux + kMOff + 4 j
     if (format() == Format::q5_K) store_e(f);
@@ -309,8 +345,13 @@ class Q6Zmm : public KQuantDecoder {
   void emit_factors(const Cursor& w) override {
     Generator& a = g();
     const Xmm f = r_.w[0];
+    const Xmm h = Xmm(r_.w[1].getIdx());
+    a.vcvtph2ps(h, ptr[w.at(202)]);  // the four halves that end at d: d is lane 3
+    a.vmovups(ptr[r_.aux + kHalfOff], h);
     a.vpmovsxbd(f, ptr[w.at(192)]);
-    store_times_half(f, r_.w[1], ptr[w.at(208)], 0);
+    a.vcvtdq2ps(f, f);
+    a.vmulps(f, f, ptr_b[r_.aux + kHalfOff + 12]);
+    a.vmovups(ptr[r_.aux], f);
     store_e(f);
   }
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
@@ -359,11 +400,18 @@ class Q23Zmm : public KQuantDecoder {
     Generator& a = g();
     const Xmm f = r_.w[0], m = r_.w[1];
     if (format() == Format::q2_K) {  // byte j: sc low nibble, m high
+      const Xmm h = Xmm(r_.w[2].getIdx());
+      a.vcvtph2ps(h, ptr[w.at(76)]);  // the four halves that end at dmin: d and dmin are lanes 2, 3
+      a.vmovups(ptr[r_.aux + kHalfOff], h);
       a.vpmovzxbd(f, ptr[w.at()]);
       a.vpsrld(m, f, 4);
       a.vpandd(f, f, ptr_b[rip + d_.c15]);
-      store_times_half(f, r_.w[2], ptr[w.at(80)], 0);
-      store_times_half(m, r_.w[2], ptr[w.at(82)], kMOff);
+      a.vcvtdq2ps(f, f);
+      a.vcvtdq2ps(m, m);
+      a.vmulps(f, f, ptr_b[r_.aux + kHalfOff + 8]);
+      a.vmulps(m, m, ptr_b[r_.aux + kHalfOff + 12]);
+      a.vmovups(ptr[r_.aux], f);
+      a.vmovups(ptr[r_.aux + kMOff], m);
     } else {  // q3_K: 6-bit scales - 32, from the 16 bytes that end at its d
       emit_packed6(ptr[w.at(94)], f, m, r_.w[2], r_.w[3]);
       a.vpsubd(f, f, ptr_b[rip + d_.c32]);
