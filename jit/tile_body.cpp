@@ -27,7 +27,7 @@ namespace {
 constexpr int kRows = 16;          // rows of a tile block
 constexpr int kTileBytes = 1024;   // one tile: 16 rows of 64 bytes
 constexpr int kIterElems = 256;    // elements of K per loop iteration
-constexpr int kPrefetchLine = 64;  // every line of the rows is prefetched (far and near)
+constexpr int kPrefetchLine = 64;  // every line of the later call's rows is prefetched
 
 const Tmm tmm_c[2] = {Tmm(0),
                       Tmm(1)};  // C, 16 rows x M tokens; two, so a group's store overlaps the next's tdp
@@ -125,18 +125,17 @@ class TileBody : public Generator {
   void store_rows(int n);
   void transpose();
 
-  // ---- prefetch, as the row body: a region of `span` bytes per row from the
-  // cursor prefetches each row's lines of the later call (reg_pfd) and the
-  // lines kNearPrefetchBytes ahead, spread over its steps ----
+  // ---- prefetch: a region of `span` bytes per row from the cursor prefetches
+  // each row's lines of the later call (reg_pfd), spread over its steps. No
+  // near prefetch (the row body's kNearPrefetchBytes): 6 KiB ahead lands mostly
+  // in rows of the same block, and the layer ran 3-8% faster without it
+  // (docs/PERFORMANCE.md, "Tried") ----
   void start_prefetch_span(int64_t span) {
     pf_next_ = 0;
     pf_span_ = span;
   }
   void emit_prefetch(int n) {
-    for (int r = 0; r < n; ++r) {
-      prefetcht1(ptr[reg_wk + reg_pfd + (r * row_bytes_ + pf_next_)]);
-      prefetcht1(ptr[reg_wk + (r * row_bytes_ + pf_next_ + kNearPrefetchBytes)]);
-    }
+    for (int r = 0; r < n; ++r) prefetcht1(ptr[reg_wk + reg_pfd + (r * row_bytes_ + pf_next_)]);
     pf_next_ += kPrefetchLine;
   }
   void finish_prefetch_span(int n) {

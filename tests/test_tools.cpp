@@ -343,9 +343,9 @@ INSTANTIATE_TEST_SUITE_P(All, TierListing, ::testing::ValuesIn(tier_cases()),
 // with one of the same offset kNearPrefetchBytes ahead in the call's own stream
 // (base only), and the later call's lines are covered with no gap: offsets 0,
 // s, 2s, ... with s = 64 (one per line) or 1024 (bf16, one token, row body).
-// Tile kernels (avx512_amx) read 16 rows at once: row r's offsets are
-// r * row_bytes + 0, 64, ... for each of the call's rows. On an AMX host the
-// row body runs too, as avx512_bf16.
+// Tile kernels (avx512_amx) read 16 rows at once and have no near prefetch:
+// row r's offsets are r * row_bytes + 0, 64, ... for each of the call's rows.
+// On an AMX host the row body runs too, as avx512_bf16.
 TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
   if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
   const jit::Isa host = jit::host_isa();
@@ -385,9 +385,12 @@ TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
         }
       }
       ASSERT_FALSE(far.empty()) << key.name() << " prefetches no later call";
-      EXPECT_EQ(near, far) << key.name() << ": the near prefetches do not pair with the later call's";
-      EXPECT_EQ(bases.size(), 1u) << key.name() << ": prefetches from more than one cursor";
       const bool tile = key.isa == jit::Isa::avx512_amx;
+      if (tile)
+        EXPECT_TRUE(near.empty()) << key.name() << ": the tile body has no near prefetch";
+      else
+        EXPECT_EQ(near, far) << key.name() << ": the near prefetches do not pair with the later call's";
+      EXPECT_EQ(bases.size(), 1u) << key.name() << ": prefetches from more than one cursor";
       const int64_t rb = moejit::formats::row_bytes(c.format, c.k);
       for (int r = 0; r < (tile ? rows : 1); ++r) {
         std::set<int64_t> offsets;
