@@ -93,8 +93,8 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
   // Token and row offsets are 32-bit displacements (a tile block's 16 rows; a
   // 16-token block of x is 32 bytes per element; K-quant vectors carry sums of x).
   const int64_t rows_read = tile_body_has_tier(key.isa) ? 16 : 1;
-  const int64_t x_span = tile_body_has_tier(key.isa) ? x_stride(key.k) * 32
-                                                      : dec->x_prep().vector_bytes(key.k) * key.tokens;
+  const int64_t x_span =
+      tile_body_has_tier(key.isa) ? x_stride(key.k) * 32 : dec->x_prep().vector_bytes(key.k) * key.tokens;
   const int64_t span = formats::row_bytes(f, key.k) * rows_read + x_span;
   if (span > (int64_t(1) << 30)) {
     *why = "k is too large for 32-bit displacements";

@@ -207,9 +207,9 @@ bool kernel_listing(const Kernel& k, std::string* out, std::string* err) {
                 "; format %s (%d), k %d, rows %d, tokens %d, scale_stride %" PRId64
                 ", scale_dtype %s, group %d, isa %s, flags %u\n"
                 "; code size %zu bytes, generator version %d\n",
-                key.name().c_str(), formats::format_name(key.format), int(key.format), key.k, key.rows, key.tokens,
-                key.scale_stride, key.scale_dtype == 1 ? "f32" : "bf16", key.group, isa_name(key.isa),
-                key.flags, k.code_size(), kGeneratorVersion);
+                key.name().c_str(), formats::format_name(key.format), int(key.format), key.k, key.rows,
+                key.tokens, key.scale_stride, key.scale_dtype == 1 ? "f32" : "bf16", key.group,
+                isa_name(key.isa), key.flags, k.code_size(), kGeneratorVersion);
   *out = buf + body;
   return true;
 }

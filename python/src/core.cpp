@@ -409,8 +409,9 @@ NB_MODULE(_core, m) {
           [](Moe* self, nb::object context, int32_t format, int32_t scale_dtype, int32_t group_size,
              int32_t hidden, int32_t intermediate, int32_t num_experts, int32_t top_k, int32_t max_tokens,
              int32_t activation, float swiglu_alpha, float swiglu_limit, bool gate_up_interleaved,
-             bool router_weight_on_input, int32_t output_dtype, nb::object gate_up, nb::list down, nb::object gate,
-             nb::object up, std::optional<ProjFormat> up_format, std::optional<ProjFormat> down_format) {
+             bool router_weight_on_input, int32_t output_dtype, nb::object gate_up, nb::list down,
+             nb::object gate, nb::object up, std::optional<ProjFormat> up_format,
+             std::optional<ProjFormat> down_format) {
             const MoeArgs a{format,
                             scale_dtype,
                             group_size,
