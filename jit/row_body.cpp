@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "formats/formats.h"
+#include "jit/body_kernel.h"
 
 namespace moejit::jit {
 
@@ -539,19 +540,6 @@ void RowBody::reduce_group(int n) {
   if (globals) add(reg_g, n * 4);
 }
 
-class RowKernel : public Kernel {
- public:
-  explicit RowKernel(std::unique_ptr<RowBody> gen) : gen_(std::move(gen)) {
-    key_ = gen_->key();
-    fn_ = gen_->getCode<GemvFn>();
-    size_ = gen_->getSize();
-    for (const CodePhase& p : gen_->phases()) phases_.emplace_back(p.offset, p.name);
-  }
-
- private:
-  std::unique_ptr<RowBody> gen_;
-};
-
 }  // namespace
 
 bool row_body_has_tier(Isa isa) { return tier_traits(isa).vec_bytes > 0; }
@@ -562,16 +550,7 @@ int row_body_max_tokens(const KernelKey& key, const Decoder& dec) {
 
 std::shared_ptr<const Kernel> generate_row_kernel(const KernelKey& key, std::unique_ptr<Decoder> dec,
                                                   std::string* err) {
-  // Allocation failures (the generator object, Xbyak's code buffer) throw
-  // std::bad_alloc, which the C API reports as MOEJIT_OUT_OF_MEMORY; other
-  // generation failures return nullptr with a reason.
-  std::unique_ptr<RowBody> gen(new RowBody(key, std::move(dec)));
-  if (Xbyak::GetError() == Xbyak::ERR_CANT_ALLOC) {
-    Xbyak::ClearError();
-    throw std::bad_alloc();
-  }
-  if (!gen->generate(err)) return nullptr;
-  return std::make_shared<RowKernel>(std::move(gen));
+  return generate_body_kernel<RowBody>(key, std::move(dec), err);
 }
 
 }  // namespace moejit::jit

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "formats/formats.h"
+#include "jit/body_kernel.h"
 
 namespace moejit::jit {
 
@@ -420,30 +421,11 @@ void TileBody::transpose() {
   }
 }
 
-class TileKernel : public Kernel {
- public:
-  explicit TileKernel(std::unique_ptr<TileBody> gen) : gen_(std::move(gen)) {
-    key_ = gen_->key();
-    fn_ = gen_->getCode<GemvFn>();
-    size_ = gen_->getSize();
-    for (const CodePhase& p : gen_->phases()) phases_.emplace_back(p.offset, p.name);
-  }
-
- private:
-  std::unique_ptr<TileBody> gen_;
-};
-
 }  // namespace
 
 std::shared_ptr<const Kernel> generate_tile_kernel(const KernelKey& key, std::unique_ptr<Decoder> dec,
                                                    std::string* err) {
-  std::unique_ptr<TileBody> gen(new TileBody(key, std::move(dec)));
-  if (Xbyak::GetError() == Xbyak::ERR_CANT_ALLOC) {
-    Xbyak::ClearError();
-    throw std::bad_alloc();
-  }
-  if (!gen->generate(err)) return nullptr;
-  return std::make_shared<TileKernel>(std::move(gen));
+  return generate_body_kernel<TileBody>(key, std::move(dec), err);
 }
 
 }  // namespace moejit::jit
