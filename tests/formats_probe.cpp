@@ -21,28 +21,14 @@
 
 #include "formats/formats.h"
 #include "formats/quantize.h"
+#include "probe_io.h"
 
 namespace fm = moejit::formats;
 
 namespace {
 
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    std::fprintf(stderr, "formats_probe: cannot read %s\n", path.c_str());
-    std::exit(2);
-  }
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_file(const std::string& path, const void* p, size_t n) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(static_cast<const char*>(p), std::streamsize(n));
-  if (!f) {
-    std::fprintf(stderr, "formats_probe: cannot write %s\n", path.c_str());
-    std::exit(2);
-  }
-}
+using probe_io::read_file;
+using probe_io::write_file;
 
 uint32_t bits(float f) {
   uint32_t u;

@@ -19,28 +19,14 @@
 #include <vector>
 
 #include "formats/kquants.h"
+#include "probe_io.h"
 
 namespace fm = moejit::formats;
 
 namespace {
 
-std::vector<uint8_t> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    std::fprintf(stderr, "kquants_probe: cannot read %s\n", path.c_str());
-    std::exit(2);
-  }
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
-}
-
-void write_file(const std::string& path, const void* p, size_t n) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(static_cast<const char*>(p), std::streamsize(n));
-  if (!f) {
-    std::fprintf(stderr, "kquants_probe: cannot write %s\n", path.c_str());
-    std::exit(2);
-  }
-}
+using probe_io::read_file;
+using probe_io::write_file;
 
 template <typename T>
 std::vector<T> as(const std::vector<uint8_t>& b) {
