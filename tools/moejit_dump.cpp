@@ -43,14 +43,10 @@ Format parse_format(const std::string& s, const char* option = "--format") {
               std::to_string(moejit::formats::kMaxFormatId) + ")");
 }
 
-bool isa_from_name(std::string s, Isa* isa) {
-  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
-  for (Isa i : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::avx512_bf16})
-    if (s == moejit::jit::isa_name(i)) {
-      *isa = i;
-      return true;
-    }
-  return false;
+bool isa_from_name(const std::string& s, Isa* isa) {
+  const moejit::jit::TierInfo* t = moejit::jit::tier_from_name(s.c_str());  // case-insensitive
+  if (t) *isa = t->isa;
+  return t != nullptr;
 }
 
 // "auto" is the tier a default context runs: the host's best, capped by
@@ -58,8 +54,7 @@ bool isa_from_name(std::string s, Isa* isa) {
 Isa resolve_isa(const std::string& s) {
   if (s != "auto") {
     Isa isa;
-    if (!isa_from_name(s, &isa))
-      fail(2, "--isa " + s + " is not one of auto, scalar, avx2, avx512, avx512_bf16");
+    if (!isa_from_name(s, &isa)) fail(2, "--isa " + s + " is not one of auto, " + moejit::jit::tier_names());
     return isa;
   }
   Isa isa = moejit::jit::host_isa();
@@ -67,8 +62,7 @@ Isa resolve_isa(const std::string& s) {
   if (cap_env && *cap_env) {
     Isa cap;
     if (!isa_from_name(cap_env, &cap))
-      fail(2,
-           std::string("MOEJIT_MAX_ISA = ") + cap_env + " is not one of scalar, avx2, avx512, avx512_bf16");
+      fail(2, std::string("MOEJIT_MAX_ISA = ") + cap_env + " is not one of " + moejit::jit::tier_names());
     if (int(cap) < int(isa)) isa = cap;
   }
   return isa;
@@ -319,7 +313,8 @@ int main(int argc, char** argv) {
   app.add_option("--k", a.k, "reduction length K (single kernel)");
   app.add_option("--rows", a.rows, "rows per call (single kernel)");
   app.add_option("--tokens", a.tokens, "tokens per call (single kernel)");
-  app.add_option("--isa", a.isa, "auto (host tier capped by MOEJIT_MAX_ISA), avx2, avx512, avx512_bf16")
+  app.add_option("--isa", a.isa,
+                 "auto (host tier capped by MOEJIT_MAX_ISA), avx2, avx512, avx512_bf16, avx512_amx")
       ->capture_default_str();
   app.add_option("--scale-dtype", a.scale_dtype, "fp8_block scales: bf16 or f32 (every fp8_block projection)")
       ->capture_default_str();
