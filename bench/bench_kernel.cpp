@@ -27,7 +27,7 @@ namespace jit = moejit::jit;
 constexpr int kRows = 64;                         // rows per call, as a pass-1 item of the Qwen3 layer
 constexpr int64_t kL2Bytes = int64_t(256) << 10;  // matrix budget: a quarter of Zen 4's L2
 
-const int32_t kKs[] = {2048, 768};     // Qwen3-30B-A3B gate_up and down
+const int32_t kKs[] = {2048, 768};        // Qwen3-30B-A3B gate_up and down
 const int32_t kTokens[] = {1, 2, 4, 16};  // capped at the tier's tokens per call
 const moejit_format kFormats[] = {MOEJIT_FORMAT_BF16,       MOEJIT_FORMAT_FP8_BLOCK, MOEJIT_FORMAT_MXFP8_E4M3,
                                   MOEJIT_FORMAT_MXFP8_E5M2, MOEJIT_FORMAT_Q8_0,      MOEJIT_FORMAT_MXFP4,

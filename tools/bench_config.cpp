@@ -62,9 +62,10 @@ void add_options(CLI::App& app, Args& a) {
   app.add_option("--format", a.formats, "comma list of: " + fmts)->delimiter(',');
   app.add_option("--tokens", a.tokens, "comma list of tokens per call (default 1)")->delimiter(',');
   app.add_option("--threads", a.threads, "comma list of thread counts (default: all CPUs)")->delimiter(',');
-  app.add_option("--isa", a.isas,
-                 "comma list of tier caps: auto, scalar, avx2, avx512, avx512_bf16, avx512_amx, or all (every tier); "
-                 "tiers this CPU lacks are reported as skipped")
+  app.add_option(
+         "--isa", a.isas,
+         "comma list of tier caps: auto, scalar, avx2, avx512, avx512_bf16, avx512_amx, or all (every tier); "
+         "tiers this CPU lacks are reported as skipped")
       ->delimiter(',');
   app.add_option("--dedup", a.dedup,
                  "on | off | both: expert dedup (both: each case with and without, side by side, with the "
@@ -175,8 +176,8 @@ void apply_sweeps(const CLI::App& app, const Args& a, Config* c) {
   if (!a.isas.empty()) c->isas.clear();
   for (const std::string& name : a.isas) {
     if (name == "all") {
-      for (moejit_isa i :
-           {MOEJIT_ISA_SCALAR, MOEJIT_ISA_AVX2, MOEJIT_ISA_AVX512, MOEJIT_ISA_AVX512_BF16, MOEJIT_ISA_AVX512_AMX})
+      for (moejit_isa i : {MOEJIT_ISA_SCALAR, MOEJIT_ISA_AVX2, MOEJIT_ISA_AVX512, MOEJIT_ISA_AVX512_BF16,
+                           MOEJIT_ISA_AVX512_AMX})
         c->isas.push_back(i);
       continue;
     }
