@@ -30,8 +30,8 @@ constexpr int kTileBytes = 1024;   // one tile: 16 rows of 64 bytes
 constexpr int kIterElems = 256;    // elements of K per loop iteration
 constexpr int kPrefetchLine = 64;  // every line of the later call's rows is prefetched
 
-const Tmm tmm_c[2] = {Tmm(0),
-                      Tmm(1)};  // C, 16 rows x M tokens; two, so a group's store overlaps the next's tdp
+// C, 16 rows x M tokens: two, so a group's store overlaps the next group's products.
+const Tmm tmm_c[2] = {Tmm(0), Tmm(1)};
 const Tmm tmm_a[2] = {Tmm(2), Tmm(3)};  // A, 16 rows x 32 bf16
 const Tmm tmm_b[2] = {Tmm(4), Tmm(5)};  // B, 16 element pairs x M tokens
 

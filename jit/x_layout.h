@@ -97,6 +97,7 @@ class XPrep {
   // (avx512_amx) hold 16 slots per block of vector_bytes(k) * 16 bytes: chunk c
   // of 32 slots (positions) is 1 KiB at c * 1024, of 16 rows (element pairs) of
   // 64 bytes, one dword per slot: the B tile of tdpbf16ps for up to 16 tokens.
+  // Tile layouts hold no sums of x (no decode with sums has a tile form).
   static constexpr int kTileSlots = 16;
   bool tiled() const { return isa_ == Isa::avx512_amx; }
   // Bytes of a buffer of `slots` slots.

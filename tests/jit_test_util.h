@@ -46,6 +46,13 @@ inline bool variant_available(const Variant& v, Format f) {
   return true;
 }
 
+// Why a test of variant v checked nothing: the CPU lacks the tier, or the
+// tier runs another tier's kernels for the test's formats (avx512_amx).
+inline std::string skip_message(const Variant& v) {
+  if (!jit::isa_available(v.isa)) return std::string("this CPU lacks ") + v.name;
+  return std::string(v.name) + " has no kernels of its own for these formats (docs/FORMATS.md)";
+}
+
 // Prepared activations for one kernel: `tokens` tokens in slots c0.. of a
 // buffer (per-token vectors of x_stride(k) elements, or 16-slot tile blocks).
 // Slots before c0 and after the tokens are poisoned with NaN (bf16 0x7FC0 or

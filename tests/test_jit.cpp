@@ -50,14 +50,14 @@ TEST_P(GemvKernels, MatchFloat64Reference) {
       }
     }
   }
-  if (checked == 0) GTEST_SKIP() << "this CPU lacks " << v.name;
+  if (checked == 0) GTEST_SKIP() << skip_message(v);
 }
 
 // Every e4m3 code through the real kernel: row r holds code r in column c, x is
 // one-hot at c, scale 1: y[r] must be exactly e4m3(r).
 TEST_P(GemvKernels, EveryE4m3Code) {
   const Variant v = GetParam();
-  if (!variant_available(v, Format::fp8_block)) GTEST_SKIP() << "this CPU lacks " << v.name;
+  if (!variant_available(v, Format::fp8_block)) GTEST_SKIP() << skip_message(v);
   for (int k : {64, 100}) {
     for (int c : {0, 37, k - 1}) {
       const jit::KernelKey key = make_key(v, Format::fp8_block, ScaleDtype::bf16, k, 128, 1);
@@ -114,14 +114,14 @@ TEST_P(GemvKernels, Mxfp8MatchFloat64Reference) {
       }
     }
   }
-  if (checked == 0) GTEST_SKIP() << "this CPU lacks " << v.name;
+  if (checked == 0) GTEST_SKIP() << skip_message(v);
 }
 
 // nvfp4: e4m3 scale per 16 (random codes, padding holding the largest code),
 // fp32 per-row global; K with an odd number of 16-element groups included.
 TEST_P(GemvKernels, Nvfp4MatchFloat64Reference) {
   const Variant v = GetParam();
-  if (!variant_available(v, Format::nvfp4)) GTEST_SKIP() << "this CPU lacks " << v.name;
+  if (!variant_available(v, Format::nvfp4)) GTEST_SKIP() << skip_message(v);
   moejit_test::Rng rng(7);
   for (int k : {16, 32, 48, 144, 2880, 2896}) {
     for (int rows : {1, 5, 16}) {
@@ -227,7 +227,7 @@ TEST_P(GemvKernels, FourBitEveryCodeEveryColumn) {
       ++checked;
     }
   }
-  if (checked == 0) GTEST_SKIP() << "this CPU lacks " << v.name;
+  if (checked == 0) GTEST_SKIP() << skip_message(v);
 }
 
 // GGUF q4_0 / q8_0 blocks (unaligned 18- and 34-byte blocks, fp16 d inline).
@@ -253,7 +253,7 @@ TEST_P(GemvKernels, GgufMatchFloat64Reference) {
       }
     }
   }
-  if (checked == 0) GTEST_SKIP() << "this CPU lacks " << v.name;
+  if (checked == 0) GTEST_SKIP() << skip_message(v);
 }
 
 // Every element code of both mxfp8 element types, and every e8m0 scale code,
@@ -304,7 +304,7 @@ TEST_P(GemvKernels, Mxfp8EveryCode) {
       ++checked;
     }
   }
-  if (checked == 0) GTEST_SKIP() << "this CPU lacks " << v.name;
+  if (checked == 0) GTEST_SKIP() << skip_message(v);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, GemvKernels, ::testing::ValuesIn(kVariants),
