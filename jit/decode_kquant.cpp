@@ -17,10 +17,12 @@
 // bf16 decode also needs the per-sub-block factor on its lanes
 // (docs/PERFORMANCE.md, "K-quants").
 //
-// At the first step of a block, load_widen decodes the super-block's factors
-// into the rule's stack area (aux): D_j at aux + 4 j, M_j at aux + kMOff + 4 j,
-// a format's extra E_j at aux + kEOff + 4 j (q5_K 16 D_j, q6_K -32 D_j, q3_K
-// 4 D_j). Each step then widens 4 vectors. avx512 looks quants up in 16-entry
+// A super-block's factors are a record on the rule's stack area (aux): D_j,
+// M_j, and a format's extra E_j (q5_K 16 D_j, q6_K -32 D_j, q3_K 4 D_j). At the
+// top of each row the rule decodes the records of every super-block of the
+// row (GemvArgs::scales points at the weights), or, for rows too long for the
+// area, load_widen decodes each block's record at its first step. Each step
+// then widens 4 vectors. avx512 looks quants up in 16-entry
 // vpermps tables of D_j times the quant value (one vmulps builds a table; vpermps
 // reads only an index's low 4 bits, so no masking); avx2 converts with vcvtdq2ps
 // and multiplies by D_j.
@@ -38,12 +40,22 @@ namespace {
 // Lanes 0..7 (k3, k_grp2, holds lanes 8..15).
 inline const Opmask k_lo8 = Xbyak::util::k4;
 
-constexpr int kMOff = 64, kEOff = 128;
-constexpr int kByteOff = 192;    // a super-block's sub-block scales and mins as bytes, from the GPRs
-constexpr int kHalfOff = 208;    // fp16 d and dmin widened to fp32, for broadcasts
-constexpr int kAreaBytes = 256;  // D, M, E, bytes, halves
+// A super-block's factor record: D_j at +4j, M_j at +m_off() + 4j, E_j at
+// +kEOff + 4j, fp16 halves widened at +kHalfOff. Records of a row lie 2 x the
+// super-block's bytes apart (>= 168 >= kRecordBytes), so a block's record is
+// base2 + 2 x its weight address: one lea from the weight cursor.
+constexpr int kEOff = 64, kHalfOff = 128, kRecordBytes = 144;
+// Rows whose records fit this many bytes decode them all at the row's start
+// (begin_row), long before the blocks read them; longer rows decode each
+// block's factors at its first step into one record. The early decode keeps
+// the factors off the blocks' critical path: a q2_K kernel, for one, ran 15%
+// faster with the factors of the block before than with its own.
+constexpr int kMaxRowRecords = 16384;
 
-// The block's sum and its min term (the decode applied D_j).
+class KQuantDecoder;
+
+// The block's sum and its min term (the decode applied D_j); the factor
+// records' area and their decode at the top of each row.
 class KQuantRule : public ScaleRule {
  public:
   KQuantRule(const KernelKey& key, bool mins, int subs) : ScaleRule(key), mins_(mins), subs_(subs) {}
@@ -54,35 +66,22 @@ class KQuantRule : public ScaleRule {
     return false;
   }
   int block_bytes() const override { return 0; }  // inline in the weights
-  // The area, 64-byte aligned at r_.aux (the body leaves rsp 8 mod 16).
-  int stack_bytes() const override { return kAreaBytes + 64; }
+  int stack_bytes() const override;
   void prologue() override {
     a().sub(rsp, stack_bytes());
-    a().lea(r_.aux, ptr[rsp + 63]);
+    a().lea(r_.aux, ptr[rsp + 63]);  // 64-byte aligned (the body leaves rsp 8 mod 16)
     a().and_(r_.aux, ~int64_t(63));
   }
-  // tot += sum; tot -= M . S_x. Reads the M the block's own widening stored:
-  // the row body widens a block just before its rule.
-  void apply(const ScaleBlock& b) override {
-    Generator& g = a();
-    for (size_t m = 0; m < b.totals.size(); ++m) g.vaddps(b.totals[m], b.totals[m], b.sums[m]);
-    if (!mins_) return;
-    // Lanes past the sub-blocks are zero in M and in the sums of x.
-    const int parts = zmm() ? 1 : subs_ / 8;
-    const Ymm ys = Ymm(r_.scale.getIdx());
-    for (int p = 0; p < parts; ++p) {
-      if (zmm() && subs_ == 16)
-        g.vmovups(r_.scale, ptr[r_.aux + kMOff]);
-      else
-        g.vmovups(ys, ptr[r_.aux + kMOff + 32 * p]);  // a ymm load zeros the upper half of the zmm
-      for (size_t m = 0; m < b.totals.size(); ++m)
-        g.vfnmadd231ps(b.totals[m], r_.scale, ptr[b.xsums[m].getRegExp() + 32 * p]);
-    }
-  }
+  void begin_row() override;
+  void next_row() override;
+  // tot += sum; tot -= M . S_x.
+  void apply(const ScaleBlock& b) override;
 
  private:
+  friend class KQuantDecoder;
   bool mins_;
   int subs_;
+  KQuantDecoder* dec_ = nullptr;
 };
 
 // Constants of every K-quant decode, emitted after the code.
@@ -99,7 +98,9 @@ class KQuantDecoder : public Decoder {
  public:
   KQuantDecoder(const KernelKey& key, XLayout layout)
       : Decoder(key, layout, 4,
-                std::make_unique<KQuantRule>(key, row(key).has_mins, 256 / row(key).sub_block)) {}
+                std::make_unique<KQuantRule>(key, row(key).has_mins, 256 / row(key).sub_block)) {
+    static_cast<KQuantRule*>(rule_.get())->dec_ = this;
+  }
   int xsum_span() const override { return fi().has_mins ? fi().sub_block : 0; }
   int block_bytes() const override { return fi().block_bytes; }
   // Where a step's bytes start, near enough for the prefetch walk.
@@ -108,11 +109,52 @@ class KQuantDecoder : public Decoder {
     return zmm() ? "K-quant -> fp32 (vpermps tables of d sc[j] q), vfmadd231ps"
                  : "K-quant -> fp32 (vcvtdq2ps, times d sc[j]), vfmadd231ps";
   }
+  // GemvArgs::scales of a K-quant kernel points at its weights (the super-blocks
+  // hold the scales): the rule decodes a row's records from it.
   void load_widen(const Cursor& w, int off, int /*cnt*/, const Xmm* dst) override {
-    if (off == 0) emit_factors(w);
+    if (rows_mode()) {
+      rec_ = record_of(w);
+    } else {
+      rec_ = r_.aux;
+      if (off == 0) emit_factors(w);
+    }
     emit_step(w, off / shape_.step, dst);
   }
   void emit_data() override;
+
+  // ---- the factor records (KQuantRule's hooks) ----
+  int64_t blocks() const { return key_.k / 256; }
+  bool rows_mode() const { return 2 * blocks() * block_bytes() <= kMaxRowRecords; }
+  // Bytes of the area at r_.aux: the records (or one), then the slot of base2.
+  int area_bytes() const { return rows_mode() ? int(2 * blocks() * block_bytes() + 64) : 256; }
+  int slot() const { return area_bytes() - 64; }
+  // The register holding the record of the block at w (r_.tmp, or r_.aux).
+  Reg64 record_of(const Cursor& w) {
+    if (!rows_mode()) return r_.aux;
+    g().mov(r_.tmp, ptr[r_.aux + slot()]);
+    g().lea(r_.tmp, ptr[r_.tmp + w.base * 2 + 2 * w.disp]);
+    return r_.tmp;
+  }
+  // Every record of the row that starts at r_.scale_row, and base2 = aux - 2 row.
+  void emit_row_records() {
+    Generator& a = g();
+    a.mov(r_.tmp, r_.aux);
+    a.sub(r_.tmp, r_.scale_row);
+    a.sub(r_.tmp, r_.scale_row);
+    a.mov(ptr[r_.aux + slot()], r_.tmp);
+    a.mov(r_.src, r_.scale_row);
+    a.mov(r_.dst, r_.aux);
+    a.mov(r_.count, blocks());
+    Label l_block;
+    a.L(l_block);
+    rec_ = r_.dst;
+    emit_factors(Cursor{r_.src, 0});
+    a.add(r_.src, block_bytes());
+    a.add(r_.dst, 2 * block_bytes());
+    a.dec(r_.count);
+    a.jnz(l_block, Xbyak::CodeGenerator::T_NEAR);
+  }
+  int m_off() const { return fi().sub_block == 32 ? 32 : 64; }
 
  protected:
   static const formats::FormatInfo& row(const KernelKey& k) {
@@ -127,9 +169,10 @@ class KQuantDecoder : public Decoder {
   // The tier's vector view of a register.
   Xmm v(const Xmm& x) const { return zmm() ? Xmm(Zmm(x.getIdx())) : Xmm(Ymm(x.getIdx())); }
   Xmm half_of(const Xmm& x) const { return zmm() ? Xmm(Ymm(x.getIdx())) : Xmm(x.getIdx()); }
-  Address d_at(int j) const { return ptr[r_.aux + 4 * j]; }
-  Address d_bcst(int j) const { return ptr_b[r_.aux + 4 * j]; }
-  Address e_bcst(int j) const { return ptr_b[r_.aux + kEOff + 4 * j]; }
+  Address d_at(int j) const { return ptr[rec_ + 4 * j]; }
+  Address d_bcst(int j) const { return ptr_b[rec_ + 4 * j]; }
+  Address e_bcst(int j) const { return ptr_b[rec_ + kEOff + 4 * j]; }
+  Address half_bcst(int lane) const { return ptr_b[rec_ + kHalfOff + 4 * lane]; }
   Address bit_bcst(int j) const { return ptr_b[rip + d_.bits + 4 * j]; }
   // dst = the fp16 at `at`, widened, on every lane.
   void bcast_half(const Xmm& dst, const Address& at) {
@@ -141,13 +184,13 @@ class KQuantDecoder : public Decoder {
   void store_e(const Xmm& x) {
     g().vbroadcastss(v(r_.scale), ptr[rip + d_.ef]);
     g().vmulps(v(x), v(x), v(r_.scale));
-    g().vmovups(ptr[r_.aux + kEOff], v(x));
+    g().vmovups(ptr[rec_ + kEOff], v(x));
   }
   void store_times_half(const Xmm& x, const Xmm& tmp, const Address& half, int off) {
     g().vcvtdq2ps(v(x), v(x));
     bcast_half(tmp, half);
     g().vmulps(v(x), v(x), v(tmp));
-    g().vmovups(ptr[r_.aux + off], v(x));
+    g().vmovups(ptr[rec_ + off], v(x));
   }
   // Packed 6-bit scales (q4_K/q5_K: sc 0..7 then m 0..7; q3_K: 16 sc - 32 + 32)
   // from 16 bytes at src: lane j = ((B1 >> s1) & m1) | ((B2 >> s2) & 3) << 4,
@@ -157,7 +200,37 @@ class KQuantDecoder : public Decoder {
   void emit_packed6(const Address& src, const Xmm& out0, const Xmm& out1, const Xmm& t0, const Xmm& t1);
 
   KqData d_;
+  Reg64 rec_;  // the register of the record being written or read
 };
+
+int KQuantRule::stack_bytes() const { return dec_->area_bytes() + 64; }
+
+void KQuantRule::begin_row() {
+  if (dec_->rows_mode()) dec_->emit_row_records();
+}
+
+void KQuantRule::next_row() {
+  if (dec_->rows_mode()) a().add(r_.scale_row, dec_->blocks() * dec_->block_bytes());
+}
+
+void KQuantRule::apply(const ScaleBlock& b) {
+  Generator& g = a();
+  for (size_t m = 0; m < b.totals.size(); ++m) g.vaddps(b.totals[m], b.totals[m], b.sums[m]);
+  if (!mins_) return;
+  const Reg64 rec = dec_->record_of(b.w);
+  const int m_off = dec_->m_off();
+  // Lanes past the sub-blocks are zero in M and in the sums of x.
+  const int parts = zmm() ? 1 : subs_ / 8;
+  const Ymm ys = Ymm(r_.scale.getIdx());
+  for (int p = 0; p < parts; ++p) {
+    if (zmm() && subs_ == 16)
+      g.vmovups(r_.scale, ptr[rec + m_off]);
+    else
+      g.vmovups(ys, ptr[rec + m_off + 32 * p]);  // a ymm load zeros the upper half of the zmm
+    for (size_t m = 0; m < b.totals.size(); ++m)
+      g.vfnmadd231ps(b.totals[m], r_.scale, ptr[b.xsums[m].getRegExp() + 32 * p]);
+  }
+}
 
 void KQuantDecoder::emit_packed6(const Address& src, const Xmm& out0, const Xmm& out1, const Xmm& t0,
                                  const Xmm& t1) {
@@ -295,13 +368,12 @@ class Q45Zmm : public KQuantDecoder {
     a.pop(r11);
     const Xmm f = r_.w[0], h = Xmm(r_.w[1].getIdx());
     a.vcvtph2ps(h, ptr[w.at()]);  // d, dmin (and two halves of scale bytes)
-    a.vmovups(ptr[r_.aux + kHalfOff], h);
+    a.vmovups(ptr[rec_ + kHalfOff], h);
     a.vpmovzxbd(f, b);
     a.vcvtdq2ps(f, f);
-    a.vmulps(f | k_lo8, f, ptr_b[r_.aux + kHalfOff]);
-    a.vmulps(f | k_grp2, f, ptr_b[r_.aux + kHalfOff + 4]);
-    a.vmovups(ptr[r_.aux], f);               // D_j at aux + 4 j (lanes 8..15: scratch)
-    a.vmovups(ptr[r_.aux + kMOff - 32], f);  // M_j at aux + kMOff + 4 j
+    a.vmulps(f | k_lo8, f, half_bcst(0));
+    a.vmulps(f | k_grp2, f, half_bcst(1));
+    a.vmovups(ptr[rec_], f);  // D_j at +4 j, M_j at +32 + 4 j (m_off)
     if (format() == Format::q5_K) store_e(f);
   }
   void emit_step(const Cursor& w, int c, const Xmm* dst) override {
@@ -347,11 +419,11 @@ class Q6Zmm : public KQuantDecoder {
     const Xmm f = r_.w[0];
     const Xmm h = Xmm(r_.w[1].getIdx());
     a.vcvtph2ps(h, ptr[w.at(202)]);  // the four halves that end at d: d is lane 3
-    a.vmovups(ptr[r_.aux + kHalfOff], h);
+    a.vmovups(ptr[rec_ + kHalfOff], h);
     a.vpmovsxbd(f, ptr[w.at(192)]);
     a.vcvtdq2ps(f, f);
-    a.vmulps(f, f, ptr_b[r_.aux + kHalfOff + 12]);
-    a.vmovups(ptr[r_.aux], f);
+    a.vmulps(f, f, half_bcst(3));
+    a.vmovups(ptr[rec_], f);
     store_e(f);
   }
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
@@ -402,16 +474,16 @@ class Q23Zmm : public KQuantDecoder {
     if (format() == Format::q2_K) {  // byte j: sc low nibble, m high
       const Xmm h = Xmm(r_.w[2].getIdx());
       a.vcvtph2ps(h, ptr[w.at(76)]);  // the four halves that end at dmin: d and dmin are lanes 2, 3
-      a.vmovups(ptr[r_.aux + kHalfOff], h);
+      a.vmovups(ptr[rec_ + kHalfOff], h);
       a.vpmovzxbd(f, ptr[w.at()]);
       a.vpsrld(m, f, 4);
       a.vpandd(f, f, ptr_b[rip + d_.c15]);
       a.vcvtdq2ps(f, f);
       a.vcvtdq2ps(m, m);
-      a.vmulps(f, f, ptr_b[r_.aux + kHalfOff + 8]);
-      a.vmulps(m, m, ptr_b[r_.aux + kHalfOff + 12]);
-      a.vmovups(ptr[r_.aux], f);
-      a.vmovups(ptr[r_.aux + kMOff], m);
+      a.vmulps(f, f, half_bcst(2));
+      a.vmulps(m, m, half_bcst(3));
+      a.vmovups(ptr[rec_], f);
+      a.vmovups(ptr[rec_ + m_off()], m);
     } else {  // q3_K: 6-bit scales - 32, from the 16 bytes that end at its d
       emit_packed6(ptr[w.at(94)], f, m, r_.w[2], r_.w[3]);
       a.vpsubd(f, f, ptr_b[rip + d_.c32]);
@@ -455,7 +527,7 @@ class KQuantYmm : public KQuantDecoder {
       case Format::q5_K:  // lanes 0..7 sc (times d), 8..15 m (times dmin)
         emit_packed6(ptr[w.at()], f0, f1, r_.w[2], r_.w[3]);
         store_times_half(f0, r_.w[2], ptr[w.at()], 0);
-        store_times_half(f1, r_.w[2], ptr[w.at(2)], kMOff);
+        store_times_half(f1, r_.w[2], ptr[w.at(2)], m_off());
         if (format() == Format::q5_K) store_e(f0);
         break;
       case Format::q6_K:
@@ -464,7 +536,7 @@ class KQuantYmm : public KQuantDecoder {
           store_times_half(f0, r_.w[2], ptr[w.at(208)], 32 * p);
           g().vbroadcastss(r_.scale, ptr[rip + d_.ef]);
           a.vmulps(f0, f0, r_.scale);
-          a.vmovups(ptr[r_.aux + kEOff + 32 * p], f0);
+          a.vmovups(ptr[rec_ + kEOff + 32 * p], f0);
         }
         break;
       case Format::q2_K:
@@ -473,7 +545,7 @@ class KQuantYmm : public KQuantDecoder {
           a.vpsrld(f1, f0, 4);
           a.vpand(f0, f0, r_.c[0]);
           store_times_half(f0, r_.w[2], ptr[w.at(80)], 32 * p);
-          store_times_half(f1, r_.w[2], ptr[w.at(82)], kMOff + 32 * p);
+          store_times_half(f1, r_.w[2], ptr[w.at(82)], m_off() + 32 * p);
         }
         break;
       default:  // q3_K
@@ -484,7 +556,7 @@ class KQuantYmm : public KQuantDecoder {
           store_times_half(f, r_.w[2], ptr[w.at(108)], 32 * p);
           g().vbroadcastss(r_.scale, ptr[rip + d_.ef]);
           a.vmulps(f, f, r_.scale);
-          a.vmovups(ptr[r_.aux + kEOff + 32 * p], f);
+          a.vmovups(ptr[rec_ + kEOff + 32 * p], f);
         }
         break;
     }
