@@ -85,6 +85,7 @@ void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k
                               moejit::formats::scale_row_of(Format(f), r0) * scale_row_bytes
                         : nullptr;
     a.row_scales = m.row_scales ? m.row_scales + r0 : nullptr;
+    if (moejit::formats::is_kquant(Format(f))) a.scales = a.w;  // the super-blocks hold the scales
     a.x = x.data();
     a.y = y.data();
     a.w_prefetch = a.w;  // prefetches the lines this call reads: no traffic beyond the matrix

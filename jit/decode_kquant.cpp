@@ -17,147 +17,48 @@
 // bf16 decode also needs the per-sub-block factor on its lanes
 // (docs/PERFORMANCE.md, "K-quants").
 //
-// At the first step of a block, load_widen decodes the super-block's factors
-// into the rule's stack area (aux): D_j at aux + 4 j, M_j at aux + kMOff + 4 j,
-// a format's extra E_j at aux + kEOff + 4 j (q5_K 16 D_j, q6_K -32 D_j, q3_K
-// 4 D_j). Each step then widens 4 vectors. avx512 looks quants up in 16-entry
+// A super-block's factors are a record on the rule's stack area (aux): D_j,
+// M_j, and a format's extra E_j (q5_K 16 D_j, q6_K -32 D_j, q3_K 4 D_j). At the
+// top of each row the rule decodes the records of every super-block of the
+// row (GemvArgs::scales points at the weights), or, for rows too long for the
+// area, load_widen decodes each block's record at its first step. Each step
+// then widens 4 vectors. avx512 looks quants up in 16-entry
 // vpermps tables of D_j times the quant value (one vmulps builds a table; vpermps
 // reads only an index's low 4 bits, so no masking); avx2 converts with vcvtdq2ps
-// and multiplies by D_j.
-#include "formats/format_table.h"
-#include "jit/decoders.h"
+#include "jit/decode_kquant.h"
 
 namespace moejit::jit {
 
-using formats::Format;
-using namespace Xbyak;
-using namespace Xbyak::util;
+namespace kquant {
 
-namespace {
+int KQuantRule::stack_bytes() const { return dec_->area_bytes() + 64; }
 
-// Lanes 0..7 (k3, k_grp2, holds lanes 8..15).
-inline const Opmask k_lo8 = Xbyak::util::k4;
+void KQuantRule::begin_row() {
+  if (dec_->rows_mode()) dec_->emit_row_records();
+}
 
-constexpr int kMOff = 64, kEOff = 128;
-constexpr int kByteOff = 192;    // a super-block's sub-block scales and mins as bytes, from the GPRs
-constexpr int kHalfOff = 208;    // fp16 d and dmin widened to fp32, for broadcasts
-constexpr int kAreaBytes = 256;  // D, M, E, bytes, halves
+void KQuantRule::next_row() {
+  if (dec_->rows_mode()) a().add(r_.scale_row, dec_->blocks() * dec_->block_bytes());
+}
 
-// The block's sum and its min term (the decode applied D_j).
-class KQuantRule : public ScaleRule {
- public:
-  KQuantRule(const KernelKey& key, bool mins, int subs) : ScaleRule(key), mins_(mins), subs_(subs) {}
-  int group() const override { return 256; }
-  bool check(std::string* why) const override {
-    if (key_.k % 256 == 0) return true;
-    *why = "k must be a multiple of 256 for the K-quants";
-    return false;
+void KQuantRule::apply(const ScaleBlock& b) {
+  Generator& g = a();
+  for (size_t m = 0; m < b.totals.size(); ++m) g.vaddps(b.totals[m], b.totals[m], b.sums[m]);
+  if (!mins_) return;
+  const Reg64 rec = dec_->record_of(b.w);
+  const int m_off = dec_->m_off();
+  // Lanes past the sub-blocks are zero in M and in the sums of x.
+  const int parts = zmm() ? 1 : subs_ / 8;
+  const Ymm ys = Ymm(r_.scale.getIdx());
+  for (int p = 0; p < parts; ++p) {
+    if (zmm() && subs_ == 16)
+      g.vmovups(r_.scale, ptr[rec + m_off]);
+    else
+      g.vmovups(ys, ptr[rec + m_off + 32 * p]);  // a ymm load zeros the upper half of the zmm
+    for (size_t m = 0; m < b.totals.size(); ++m)
+      g.vfnmadd231ps(b.totals[m], r_.scale, ptr[b.xsums[m].getRegExp() + 32 * p]);
   }
-  int block_bytes() const override { return 0; }  // inline in the weights
-  // The area, 64-byte aligned at r_.aux (the body leaves rsp 8 mod 16).
-  int stack_bytes() const override { return kAreaBytes + 64; }
-  void prologue() override {
-    a().sub(rsp, stack_bytes());
-    a().lea(r_.aux, ptr[rsp + 63]);
-    a().and_(r_.aux, ~int64_t(63));
-  }
-  // tot += sum; tot -= M . S_x. Reads the M the block's own widening stored:
-  // the row body widens a block just before its rule.
-  void apply(const ScaleBlock& b) override {
-    Generator& g = a();
-    for (size_t m = 0; m < b.totals.size(); ++m) g.vaddps(b.totals[m], b.totals[m], b.sums[m]);
-    if (!mins_) return;
-    // Lanes past the sub-blocks are zero in M and in the sums of x.
-    const int parts = zmm() ? 1 : subs_ / 8;
-    const Ymm ys = Ymm(r_.scale.getIdx());
-    for (int p = 0; p < parts; ++p) {
-      if (zmm() && subs_ == 16)
-        g.vmovups(r_.scale, ptr[r_.aux + kMOff]);
-      else
-        g.vmovups(ys, ptr[r_.aux + kMOff + 32 * p]);  // a ymm load zeros the upper half of the zmm
-      for (size_t m = 0; m < b.totals.size(); ++m)
-        g.vfnmadd231ps(b.totals[m], r_.scale, ptr[b.xsums[m].getRegExp() + 32 * p]);
-    }
-  }
-
- private:
-  bool mins_;
-  int subs_;
-};
-
-// Constants of every K-quant decode, emitted after the code.
-struct KqData {
-  Label bits;                        // dword j: 1 << j (j < 32)
-  Label base;                        // fp32 0..15
-  Label pat0, pat1;                  // fp32 i & 3, i >> 2 (q2_K), minus 4 (q3_K)
-  Label idx1, idx2, s1, m1, s2;      // the packed 6-bit scales' byte picks, shifts and masks
-  Label c3, c4, c15, c16, c30, c32;  // dword constants (ymm)
-  Label ef;                          // fp32 E_j / D_j: q5_K 16, q6_K -32, q3_K 4
-};
-
-class KQuantDecoder : public Decoder {
- public:
-  KQuantDecoder(const KernelKey& key, XLayout layout)
-      : Decoder(key, layout, 4,
-                std::make_unique<KQuantRule>(key, row(key).has_mins, 256 / row(key).sub_block)) {}
-  int xsum_span() const override { return fi().has_mins ? fi().sub_block : 0; }
-  int block_bytes() const override { return fi().block_bytes; }
-  // Where a step's bytes start, near enough for the prefetch walk.
-  int elem_byte(int off) const override { return off * fi().block_bytes / 256; }
-  std::string describe() const override {
-    return zmm() ? "K-quant -> fp32 (vpermps tables of d sc[j] q), vfmadd231ps"
-                 : "K-quant -> fp32 (vcvtdq2ps, times d sc[j]), vfmadd231ps";
-  }
-  void load_widen(const Cursor& w, int off, int /*cnt*/, const Xmm* dst) override {
-    if (off == 0) emit_factors(w);
-    emit_step(w, off / shape_.step, dst);
-  }
-  void emit_data() override;
-
- protected:
-  static const formats::FormatInfo& row(const KernelKey& k) {
-    return formats::info(static_cast<Format>(k.format));
-  }
-  const formats::FormatInfo& fi() const { return row(key_); }
-  Format format() const { return static_cast<Format>(key_.format); }
-  virtual void emit_factors(const Cursor& w) = 0;
-  virtual void emit_step(const Cursor& w, int step, const Xmm* dst) = 0;
-
-  Generator& g() const { return a(); }
-  // The tier's vector view of a register.
-  Xmm v(const Xmm& x) const { return zmm() ? Xmm(Zmm(x.getIdx())) : Xmm(Ymm(x.getIdx())); }
-  Xmm half_of(const Xmm& x) const { return zmm() ? Xmm(Ymm(x.getIdx())) : Xmm(x.getIdx()); }
-  Address d_at(int j) const { return ptr[r_.aux + 4 * j]; }
-  Address d_bcst(int j) const { return ptr_b[r_.aux + 4 * j]; }
-  Address e_bcst(int j) const { return ptr_b[r_.aux + kEOff + 4 * j]; }
-  Address bit_bcst(int j) const { return ptr_b[rip + d_.bits + 4 * j]; }
-  // dst = the fp16 at `at`, widened, on every lane.
-  void bcast_half(const Xmm& dst, const Address& at) {
-    g().vpbroadcastw(half_of(dst), at);
-    g().vcvtph2ps(v(dst), half_of(dst));
-  }
-  // The integer lanes of x, converted, times the fp16 at `half`, stored at aux + off.
-  // E_j = D_j times the format's factor, from D in x (clobbered), at aux + kEOff.
-  void store_e(const Xmm& x) {
-    g().vbroadcastss(v(r_.scale), ptr[rip + d_.ef]);
-    g().vmulps(v(x), v(x), v(r_.scale));
-    g().vmovups(ptr[r_.aux + kEOff], v(x));
-  }
-  void store_times_half(const Xmm& x, const Xmm& tmp, const Address& half, int off) {
-    g().vcvtdq2ps(v(x), v(x));
-    bcast_half(tmp, half);
-    g().vmulps(v(x), v(x), v(tmp));
-    g().vmovups(ptr[r_.aux + off], v(x));
-  }
-  // Packed 6-bit scales (q4_K/q5_K: sc 0..7 then m 0..7; q3_K: 16 sc - 32 + 32)
-  // from 16 bytes at src: lane j = ((B1 >> s1) & m1) | ((B2 >> s2) & 3) << 4,
-  // B1 = byte idx1[j], B2 = byte idx2[j] (0 where idx2 is 0x80). zmm: 16 lanes
-  // in out0; ymm: lanes 0..7 in out0, 8..15 in out1. Four distinct registers;
-  // t0 and t1 are clobbered, and so is out1 on zmm.
-  void emit_packed6(const Address& src, const Xmm& out0, const Xmm& out1, const Xmm& t0, const Xmm& t1);
-
-  KqData d_;
-};
+}
 
 void KQuantDecoder::emit_packed6(const Address& src, const Xmm& out0, const Xmm& out1, const Xmm& t0,
                                  const Xmm& t1) {
@@ -249,6 +150,8 @@ void KQuantDecoder::emit_data() {
 
 // ---------------------------------------------------------------- avx512
 
+namespace {
+
 // q4_K and q5_K, natural order: step c is nibble group c (qs bytes 32c..32c+31:
 // low nibbles sub-block 2c, high nibbles 2c + 1), four vectors of 16.
 class Q45Zmm : public KQuantDecoder {
@@ -295,13 +198,12 @@ class Q45Zmm : public KQuantDecoder {
     a.pop(r11);
     const Xmm f = r_.w[0], h = Xmm(r_.w[1].getIdx());
     a.vcvtph2ps(h, ptr[w.at()]);  // d, dmin (and two halves of scale bytes)
-    a.vmovups(ptr[r_.aux + kHalfOff], h);
+    a.vmovups(ptr[rec_ + kHalfOff], h);
     a.vpmovzxbd(f, b);
     a.vcvtdq2ps(f, f);
-    a.vmulps(f | k_lo8, f, ptr_b[r_.aux + kHalfOff]);
-    a.vmulps(f | k_grp2, f, ptr_b[r_.aux + kHalfOff + 4]);
-    a.vmovups(ptr[r_.aux], f);               // D_j at aux + 4 j (lanes 8..15: scratch)
-    a.vmovups(ptr[r_.aux + kMOff - 32], f);  // M_j at aux + kMOff + 4 j
+    a.vmulps(f | k_lo8, f, half_bcst(0));
+    a.vmulps(f | k_grp2, f, half_bcst(1));
+    a.vmovups(ptr[rec_], f);  // D_j at +4 j, M_j at +32 + 4 j (m_off)
     if (format() == Format::q5_K) store_e(f);
   }
   void emit_step(const Cursor& w, int c, const Xmm* dst) override {
@@ -347,11 +249,11 @@ class Q6Zmm : public KQuantDecoder {
     const Xmm f = r_.w[0];
     const Xmm h = Xmm(r_.w[1].getIdx());
     a.vcvtph2ps(h, ptr[w.at(202)]);  // the four halves that end at d: d is lane 3
-    a.vmovups(ptr[r_.aux + kHalfOff], h);
+    a.vmovups(ptr[rec_ + kHalfOff], h);
     a.vpmovsxbd(f, ptr[w.at(192)]);
     a.vcvtdq2ps(f, f);
-    a.vmulps(f, f, ptr_b[r_.aux + kHalfOff + 12]);
-    a.vmovups(ptr[r_.aux], f);
+    a.vmulps(f, f, half_bcst(3));
+    a.vmovups(ptr[rec_], f);
     store_e(f);
   }
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
@@ -402,16 +304,16 @@ class Q23Zmm : public KQuantDecoder {
     if (format() == Format::q2_K) {  // byte j: sc low nibble, m high
       const Xmm h = Xmm(r_.w[2].getIdx());
       a.vcvtph2ps(h, ptr[w.at(76)]);  // the four halves that end at dmin: d and dmin are lanes 2, 3
-      a.vmovups(ptr[r_.aux + kHalfOff], h);
+      a.vmovups(ptr[rec_ + kHalfOff], h);
       a.vpmovzxbd(f, ptr[w.at()]);
       a.vpsrld(m, f, 4);
       a.vpandd(f, f, ptr_b[rip + d_.c15]);
       a.vcvtdq2ps(f, f);
       a.vcvtdq2ps(m, m);
-      a.vmulps(f, f, ptr_b[r_.aux + kHalfOff + 8]);
-      a.vmulps(m, m, ptr_b[r_.aux + kHalfOff + 12]);
-      a.vmovups(ptr[r_.aux], f);
-      a.vmovups(ptr[r_.aux + kMOff], m);
+      a.vmulps(f, f, half_bcst(2));
+      a.vmulps(m, m, half_bcst(3));
+      a.vmovups(ptr[rec_], f);
+      a.vmovups(ptr[rec_ + m_off()], m);
     } else {  // q3_K: 6-bit scales - 32, from the 16 bytes that end at its d
       emit_packed6(ptr[w.at(94)], f, m, r_.w[2], r_.w[3]);
       a.vpsubd(f, f, ptr_b[rip + d_.c32]);
@@ -438,125 +340,13 @@ class Q23Zmm : public KQuantDecoder {
   }
 };
 
-// ---------------------------------------------------------------- avx2
-
-// Every K-quant on avx2, natural order: step s is elements 32s .. 32s + 31,
-// four vectors of 8 consecutive elements whose quant bytes are consecutive
-// too (vpmovzxbd of 8 bytes), q assembled in integers, converted, times D_j.
-class KQuantYmm : public KQuantDecoder {
- public:
-  explicit KQuantYmm(const KernelKey& key) : KQuantDecoder(key, XLayout::f32) {}
-  void emit_decode_constants() override { g().broadcast_u32(r_.c[0], 0x0F, r_.tmp.cvt32()); }
-  void emit_factors(const Cursor& w) override {
-    Generator& a = g();
-    const Xmm f0 = r_.w[0], f1 = r_.w[1];
-    switch (format()) {
-      case Format::q4_K:
-      case Format::q5_K:  // lanes 0..7 sc (times d), 8..15 m (times dmin)
-        emit_packed6(ptr[w.at()], f0, f1, r_.w[2], r_.w[3]);
-        store_times_half(f0, r_.w[2], ptr[w.at()], 0);
-        store_times_half(f1, r_.w[2], ptr[w.at(2)], kMOff);
-        if (format() == Format::q5_K) store_e(f0);
-        break;
-      case Format::q6_K:
-        for (int p = 0; p < 2; ++p) {
-          a.vpmovsxbd(f0, ptr[w.at(192 + 8 * p)]);
-          store_times_half(f0, r_.w[2], ptr[w.at(208)], 32 * p);
-          g().vbroadcastss(r_.scale, ptr[rip + d_.ef]);
-          a.vmulps(f0, f0, r_.scale);
-          a.vmovups(ptr[r_.aux + kEOff + 32 * p], f0);
-        }
-        break;
-      case Format::q2_K:
-        for (int p = 0; p < 2; ++p) {
-          a.vpmovzxbd(f0, ptr[w.at(8 * p)]);
-          a.vpsrld(f1, f0, 4);
-          a.vpand(f0, f0, r_.c[0]);
-          store_times_half(f0, r_.w[2], ptr[w.at(80)], 32 * p);
-          store_times_half(f1, r_.w[2], ptr[w.at(82)], kMOff + 32 * p);
-        }
-        break;
-      default:  // q3_K
-        emit_packed6(ptr[w.at(94)], f0, f1, r_.w[2], r_.w[3]);
-        for (int p = 0; p < 2; ++p) {
-          const Xmm f = p ? f1 : f0;
-          a.vpsubd(f, f, ptr[rip + d_.c32]);
-          store_times_half(f, r_.w[2], ptr[w.at(108)], 32 * p);
-          g().vbroadcastss(r_.scale, ptr[rip + d_.ef]);
-          a.vmulps(f, f, r_.scale);
-          a.vmovups(ptr[r_.aux + kEOff + 32 * p], f);
-        }
-        break;
-    }
-  }
-  void emit_step(const Cursor& w, int s, const Xmm* dst) override {
-    Generator& a = g();
-    const Format f = format();
-    for (int u = 0; u < 4; ++u) {
-      const Xmm q = dst[u], t = u < 3 ? dst[u + 1] : r_.scale;
-      switch (f) {
-        case Format::q4_K:
-        case Format::q5_K: {  // sub-block s: nibble s % 2 of qs bytes 32 (s / 2) + 8u .. + 8
-          a.vpmovzxbd(q, ptr[w.at((f == Format::q5_K ? 48 : 16) + 32 * (s / 2) + 8 * u)]);
-          if (s % 2) a.vpsrld(q, q, 4);
-          a.vpand(q, q, r_.c[0]);
-          if (f == Format::q5_K) {  // bit s of qh[8u + l], to bit 4
-            a.vpmovzxbd(t, ptr[w.at(16 + 8 * u)]);
-            shift_to(t, s, 4);
-            a.vpand(t, t, ptr[rip + d_.c16]);
-            a.vpor(q, q, t);
-          }
-          break;
-        }
-        case Format::q6_K: {  // ql 64h + 32 (s % 2) + 8u (high nibble for s % 4 >= 2), qh crumb s % 4
-          const int h = s / 4;
-          a.vpmovzxbd(q, ptr[w.at(64 * h + 32 * (s % 2) + 8 * u)]);
-          if (s % 4 >= 2) a.vpsrld(q, q, 4);
-          a.vpand(q, q, r_.c[0]);
-          a.vpmovzxbd(t, ptr[w.at(128 + 32 * h + 8 * u)]);
-          shift_to(t, 2 * (s % 4), 4);
-          a.vpand(t, t, ptr[rip + d_.c30]);
-          a.vpor(q, q, t);
-          a.vpsubd(q, q, ptr[rip + d_.c32]);
-          break;
-        }
-        default: {  // q2_K / q3_K: crumb s % 4 of qs[32 (s / 4) + 8u + l]; q3_K hmask[8u + l] bit s
-          const bool q3 = f == Format::q3_K;
-          a.vpmovzxbd(q, ptr[w.at((q3 ? 32 : 16) + 32 * (s / 4) + 8 * u)]);
-          if (s % 4) a.vpsrld(q, q, 2 * (s % 4));
-          a.vpand(q, q, ptr[rip + d_.c3]);
-          if (q3) {
-            a.vpmovzxbd(t, ptr[w.at(8 * u)]);
-            shift_to(t, s, 2);
-            a.vpand(t, t, ptr[rip + d_.c4]);
-            a.vpor(q, q, t);
-            a.vpsubd(q, q, ptr[rip + d_.c4]);
-          }
-          break;
-        }
-      }
-      a.vcvtdq2ps(q, q);
-    }
-    // Vectors u of sub-block 2s + u / 2 (16-element sub-blocks) or s (32).
-    for (int u = 0; u < 4; ++u) {
-      const int j = fi().sub_block == 32 ? s : 2 * s + u / 2;
-      if (u == 0 || (fi().sub_block == 16 && u == 2)) a.vbroadcastss(r_.scale, d_at(j));
-      a.vmulps(dst[u], dst[u], r_.scale);
-    }
-  }
-
- private:
-  // Moves bit `from` of every dword to bit `to`.
-  void shift_to(const Xmm& x, int from, int to) {
-    if (from > to) g().vpsrld(x, x, from - to);
-    if (from < to) g().vpslld(x, x, to - from);
-  }
-};
-
 }  // namespace
 
+}  // namespace kquant
+
 std::unique_ptr<Decoder> make_kquant_decoder(const KernelKey& key) {
-  if (key.isa == Isa::avx2) return std::make_unique<KQuantYmm>(key);
+  using namespace kquant;
+  if (key.isa == Isa::avx2) return make_ymm_decoder(key);
   switch (static_cast<Format>(key.format)) {
     case Format::q4_K:
     case Format::q5_K: return std::make_unique<Q45Zmm>(key);

@@ -17,7 +17,8 @@ namespace moejit::jit {
 // Argument struct of every GEMV kernel (read by offset in the generator).
 struct GemvArgs {
   const void* w;            // weight bytes of the first row
-  const void* scales;       // scale row used by the first row (formats with block scales)
+  const void* scales;       // scale row used by the first row (formats with block scales;
+                            // K-quants: the weights, whose super-blocks hold the scales)
   const float* row_scales;  // nvfp4 per-row globals of the first row
   const void* x;            // prepared activations, `tokens` vectors of x_stride(k) elements
   float* y;                 // y[m * rows + r]

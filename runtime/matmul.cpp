@@ -57,6 +57,7 @@ void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens,
                                 formats::scale_row_of(layout_.format, r) *
                                     (m.scale_stride ? m.scale_stride : layout_.scale_stride) * sb
                           : nullptr;
+      if (formats::is_kquant(layout_.format)) a.scales = a.w;  // the super-blocks hold the scales
       a.row_scales = m.row_scales ? m.row_scales + r : nullptr;
       a.x = xprep_.slot_ptr(x, layout_.k, slot);
       a.y = scratch;

@@ -80,6 +80,7 @@ std::vector<float> run(const jit::Kernel& kern, const Bank& b, const std::vector
   std::vector<float> y(size_t(key.rows) * size_t(key.tokens), -12345.0f);
   jit::GemvArgs a{};
   a.w = b.data();
+  a.scales = b.data();  // K-quant kernels read their scales from the weights
   a.x = xp.data();
   a.y = y.data();
   a.w_prefetch = b.data();
@@ -152,6 +153,33 @@ TEST_P(KQuantKernels, MatchFloat64AndKeepEachTokensBits) {
               << kern->key().name() << ": a token's bits depend on the tokens beside it";
         }
       }
+    }
+  }
+}
+
+// Rows whose factor records would not fit the kernel's area (over 16 KiB:
+// 2 x the row's bytes) decode each block's factors at its first step instead
+// of all at the row's start: both sides of that boundary.
+TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
+  const Variant v = GetParam();
+  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
+  std::mt19937 rng(37);
+  for (KQuant f : kAll) {
+    const int bb = fm::kquant_traits(f).block_bytes;
+    const int last_fit = 16384 / (2 * bb);  // super-blocks of the longest row decoded at its start
+    for (int k : {256 * last_fit, 256 * (last_fit + 1)}) {
+      const int rows = 3;
+      const Bank b = make_bank(f, rows, k, rng);
+      std::vector<float> x = bf16_x(k, rng);
+      const std::vector<float> x2 = bf16_x(k, rng);
+      x.insert(x.end(), x2.begin(), x2.end());
+      const auto kern = kernel(make_key(v, f, k, rows, 2));
+      ASSERT_TRUE(kern);
+      const std::vector<float> y = run(*kern, b, x);
+      for (int m = 0; m < 2; ++m)
+        for (int r = 0; r < rows; ++r)
+          ASSERT_TRUE(matches(f, b.row(r), k, &x[size_t(m) * k], y[size_t(m) * rows + r]))
+              << kern->key().name() << " token " << m << " row " << r;
     }
   }
 }
