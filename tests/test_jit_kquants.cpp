@@ -163,7 +163,7 @@ TEST_P(KQuantKernels, MatchFloat64AndKeepEachTokensBits) {
 TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
   const Variant v = GetParam();
   if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
-  std::mt19937 rng(37);
+  moejit_test::Rng rng(37);
   for (KQuant f : kAll) {
     const int bb = fm::kquant_traits(f).block_bytes;
     const int last_fit = 16384 / (2 * bb);  // super-blocks of the longest row decoded at its start
