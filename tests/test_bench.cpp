@@ -24,7 +24,7 @@ TEST(ColdPool, AtLeastFourTimesTheL3ForEveryPresetAndFormat) {
   // This CI VM (32 MiB), the Intel Xeon of issue 15 (300 MiB), a 480 MiB VM, an odd size, none.
   for (const int64_t l3 : {32 * kMiB, 300 * kMiB, 480 * kMiB, 1000 * kMiB + 12345, int64_t(0)}) {
     for (const Preset& p : presets()) {
-      for (moejit_format f : all_formats()) {
+      for (FormatChoice f : all_formats()) {
         if (!check_geometry(f, p.geometry).empty()) continue;
         SCOPED_TRACE(std::string(p.name) + " " + format_label(f) + " L3 " + std::to_string(l3));
         const int64_t per_slot = expert_bytes(f, p.geometry);
@@ -79,7 +79,7 @@ TEST(ColdPool, LayerHasOneDescriptorPerSlotOverDistinctMemory) {
 // its name, its bytes per projection, separate banks unless --layout fused,
 // and a descriptor with up's and down's formats.
 TEST(Formats, TheQ4KMMix) {
-  moejit_format f;
+  FormatChoice f;
   ASSERT_TRUE(parse_format("q4_K_M", &f));
   EXPECT_TRUE(is_mix(f));
   EXPECT_STREQ(format_label(f), "q4_K_M");

@@ -54,7 +54,7 @@ void add_options(CLI::App& app, Args& a) {
   std::string names;
   for (const Preset& p : presets()) names += std::string(names.empty() ? "" : ", ") + p.name;
   std::string fmts;
-  for (moejit_format f : all_formats()) fmts += std::string(fmts.empty() ? "" : ",") + format_label(f);
+  for (FormatChoice f : all_formats()) fmts += std::string(fmts.empty() ? "" : ",") + format_label(f);
   app.add_flag("--demo", a.demo,
                "Qwen3-30B-A3B geometry, every format, tokens 1,4,16, threads 1,2, 0.3 s per case (what `make "
                "demo` runs)");
@@ -308,7 +308,7 @@ Config make_config(const CLI::App& app, Args a) {
   c.geometry = apply_geometry(app, a, *preset);
   if (a.formats.empty()) a.formats = {format_label(preset->format)};
   for (const std::string& name : a.formats) {
-    moejit_format f;
+    FormatChoice f;
     require(parse_format(name, &f), "--format: unknown '" + name + "'");
     const std::string why = check_geometry(f, c.geometry);
     require(why.empty(), "--format " + name + ": " + why);
@@ -354,7 +354,7 @@ int parse_command_line(int argc, char** argv, Config* out) {
   return -1;
 }
 
-std::string repro(const Config& c, moejit_format f, int32_t tokens, int32_t threads, moejit_isa isa) {
+std::string repro(const Config& c, FormatChoice f, int32_t tokens, int32_t threads, moejit_isa isa) {
   const Geometry& g = c.geometry;
   std::string s = "moejit-bench --hidden " + std::to_string(g.hidden) + " --intermediate " +
                   std::to_string(g.intermediate) + " --experts " + std::to_string(g.experts) + " --top-k " +

@@ -19,7 +19,7 @@ namespace moejit_bench {
 struct Config {
   std::string preset;
   Geometry geometry;
-  std::vector<moejit_format> formats;
+  std::vector<FormatChoice> formats;
   std::vector<int32_t> tokens{1};
   std::vector<int32_t> threads;
   std::vector<moejit_isa> isas{MOEJIT_ISA_AUTO};
@@ -58,6 +58,6 @@ struct UsageError : std::runtime_error {
 int parse_command_line(int argc, char** argv, Config* out);
 
 // One command that reruns a single case with the same layer and settings.
-std::string repro(const Config& c, moejit_format f, int32_t tokens, int32_t threads, moejit_isa isa);
+std::string repro(const Config& c, FormatChoice f, int32_t tokens, int32_t threads, moejit_isa isa);
 
 }  // namespace moejit_bench

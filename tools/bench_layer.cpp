@@ -111,8 +111,8 @@ const std::vector<Preset>& presets() {
   return kPresets;
 }
 
-const std::vector<moejit_format>& all_formats() {
-  static const std::vector<moejit_format> kAll = {
+const std::vector<FormatChoice>& all_formats() {
+  static const std::vector<FormatChoice> kAll = {
       MOEJIT_FORMAT_BF16,   MOEJIT_FORMAT_NVFP4,      MOEJIT_FORMAT_MXFP4,
       MOEJIT_FORMAT_DS_FP4, MOEJIT_FORMAT_Q4_0,       MOEJIT_FORMAT_FP8_BLOCK,
       MOEJIT_FORMAT_Q8_0,   MOEJIT_FORMAT_MXFP8_E4M3, MOEJIT_FORMAT_MXFP8_E5M2,
@@ -121,26 +121,27 @@ const std::vector<moejit_format>& all_formats() {
   return kAll;
 }
 
-bool is_mix(moejit_format f) { return f == kMixQ4KM; }
+bool is_mix(FormatChoice f) { return f == kMixQ4KM; }
 
-ProjFormats proj_formats(moejit_format f) {
+ProjFormats proj_formats(FormatChoice f) {
   if (f == kMixQ4KM) return {MOEJIT_FORMAT_Q4_K, MOEJIT_FORMAT_Q4_K, MOEJIT_FORMAT_Q6_K};
-  return {f, f, f};
+  const auto one = static_cast<moejit_format>(f);  // not a mix: a format id of the library
+  return {one, one, one};
 }
 
-Geometry layer_geometry(moejit_format f, const Geometry& g) {
+Geometry layer_geometry(FormatChoice f, const Geometry& g) {
   Geometry l = g;
   if (is_mix(f) && !g.fused_given) l.separate = true, l.interleaved = false;
   return l;
 }
 
-const char* format_label(moejit_format f) { return f == kMixQ4KM ? "q4_K_M" : fmt::format_name(to_fmt(f)); }
+const char* format_label(FormatChoice f) { return f == kMixQ4KM ? "q4_K_M" : fmt::format_name(fmt::Format(f)); }
 
-bool parse_format(const std::string& name, moejit_format* out) {
+bool parse_format(const std::string& name, FormatChoice* out) {
   if (name == "q4_K_M") return *out = kMixQ4KM, true;
   fmt::Format f;
   if (!fmt::format_from_name(name.c_str(), &f)) return false;
-  *out = static_cast<moejit_format>(f);
+  *out = FormatChoice(f);
   return true;
 }
 
@@ -154,7 +155,7 @@ MatrixBytes matrix_bytes(moejit_format f, const Geometry& g, int64_t rows, int64
   return b;
 }
 
-int64_t expert_bytes(moejit_format f, const Geometry& geom) {
+int64_t expert_bytes(FormatChoice f, const Geometry& geom) {
   // Separate banks: two [I, H] matrices (fp8_block's 128-row scale blocks per bank).
   const Geometry g = layer_geometry(f, geom);
   const ProjFormats p = proj_formats(f);
@@ -164,11 +165,11 @@ int64_t expert_bytes(moejit_format f, const Geometry& geom) {
   return gate_up + matrix_bytes(p.down, g, g.hidden, g.intermediate).total();
 }
 
-double bytes_per_weight(moejit_format f, const Geometry& g) {
+double bytes_per_weight(FormatChoice f, const Geometry& g) {
   return double(expert_bytes(f, g)) / (3.0 * double(g.hidden) * double(g.intermediate));
 }
 
-std::string check_geometry(moejit_format f, const Geometry& g) {
+std::string check_geometry(FormatChoice f, const Geometry& g) {
   const char* why = "";
   const ProjFormats p = proj_formats(f);
   // A mix names the projection's format.
@@ -229,14 +230,14 @@ int64_t Layer::huge_page_bytes() const {
   return g < 0 || d < 0 ? -1 : g + d;
 }
 
-int32_t cold_pool_slots(moejit_format f, const Geometry& g, int64_t l3_bytes) {
+int32_t cold_pool_slots(FormatChoice f, const Geometry& g, int64_t l3_bytes) {
   const int64_t per_slot = std::max<int64_t>(1, expert_bytes(f, g));
   const int64_t want = int64_t(kPoolL3Multiple) * std::max<int64_t>(0, l3_bytes);
   const int64_t slots = std::max<int64_t>(g.experts, (want + per_slot - 1) / per_slot);
   return int32_t(std::min<int64_t>(slots, INT32_MAX));
 }
 
-Layer::Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing, int32_t slots)
+Layer::Layer(FormatChoice f, const Geometry& g, uint64_t seed, int32_t backing, int32_t slots)
     : format_(f),
       geometry_(layer_geometry(f, g)),
       slots_(std::max(slots, g.experts)),
@@ -279,8 +280,8 @@ void Layer::place(const int32_t* ids, int64_t routes, int32_t* out) const {
 moejit_moe_desc Layer::desc(int32_t max_tokens) const {
   moejit_moe_desc d{};
   d.struct_size = sizeof(d);
-  d.format = format_;
-  const fmt::FormatInfo& fi = fmt::info(to_fmt(proj_formats(format_).gate));  // a mix: its gate format
+  d.format = proj_formats(format_).gate;  // a mix: its gate format, the others below
+  const fmt::FormatInfo& fi = fmt::info(to_fmt(d.format));
   d.scale_dtype = fi.scale_code == fmt::ScaleCode::bf16_f32 ? geometry_.scale_dtype : MOEJIT_DTYPE_BF16;
   d.group_size = fi.api_groups ? geometry_.group_size : 0;
   d.hidden = geometry_.hidden;
@@ -302,7 +303,6 @@ moejit_moe_desc Layer::desc(int32_t max_tokens) const {
   }
   d.down = down_.data();
   if (is_mix(format_)) {
-    d.format = proj_formats(format_).gate;
     if (geometry_.separate) d.up_format = &up_fmt_;
     d.down_format = &down_fmt_;
   }

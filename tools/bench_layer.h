@@ -10,21 +10,26 @@
 
 namespace moejit_bench {
 
+// What --format names: a format id of the library, for every projection, or a mix. An int,
+// not a moejit_format: a mix is no value of that C enum, and a load of one through the enum
+// type would be undefined behaviour (UBSan's -fsanitize=enum stops on it).
+using FormatChoice = int32_t;
+
 // The formats of formats.md, by id, then the mixes.
-const std::vector<moejit_format>& all_formats();
-const char* format_label(moejit_format f);  // "bf16", "fp8_block", ..., "q4_K_M"
-bool parse_format(const std::string& name, moejit_format* out);
+const std::vector<FormatChoice>& all_formats();
+const char* format_label(FormatChoice f);  // "bf16", "fp8_block", ..., "q4_K_M"
+bool parse_format(const std::string& name, FormatChoice* out);
 
 // A mix: one format per projection, under a name of its own, taken wherever a
 // format is. Its value is no format id of the library (and its CSV format_id is
 // -1). q4_K_M is llama.cpp's default: gate and up q4_K, down q6_K, in separate
 // gate and up banks as GGUF files hold them (fused with an explicit --layout fused).
-inline constexpr moejit_format kMixQ4KM = static_cast<moejit_format>(1001);
-bool is_mix(moejit_format f);
+inline constexpr FormatChoice kMixQ4KM = 1001;
+bool is_mix(FormatChoice f);
 struct ProjFormats {
   moejit_format gate, up, down;
 };
-ProjFormats proj_formats(moejit_format f);  // a plain format three times
+ProjFormats proj_formats(FormatChoice f);  // a plain format three times
 
 // Everything about a MoE layer except its weight format.
 struct Geometry {
@@ -63,21 +68,21 @@ struct MatrixBytes {
 MatrixBytes matrix_bytes(moejit_format f, const Geometry& g, int64_t rows, int64_t k);
 
 // The geometry a format's layer has: a mix keeps gate and up apart unless --layout fused was given.
-Geometry layer_geometry(moejit_format f, const Geometry& g);
+Geometry layer_geometry(FormatChoice f, const Geometry& g);
 
 // Weight + scale bytes of one expert (gate_up [2I, H], or gate and up [I, H] each, and down [H, I],
 // each projection in its own format); biases not counted.
-int64_t expert_bytes(moejit_format f, const Geometry& g);
-double bytes_per_weight(moejit_format f, const Geometry& g);
+int64_t expert_bytes(FormatChoice f, const Geometry& g);
+double bytes_per_weight(FormatChoice f, const Geometry& g);
 
 // Empty when the format can hold this geometry (K rules of formats.md), else the reason.
-std::string check_geometry(moejit_format f, const Geometry& g);
+std::string check_geometry(FormatChoice f, const Geometry& g);
 
 // Cold experts: moejit-bench cycles its calls through a pool of expert slots (Layer::place) of at
 // least kPoolL3Multiple x the L3 and at least the model's experts. The fewest slots that hold that
 // many bytes (weights + scales, as expert_bytes counts them), and never fewer than g.experts.
 inline constexpr int kPoolL3Multiple = 4;
-int32_t cold_pool_slots(moejit_format f, const Geometry& g, int64_t l3_bytes);
+int32_t cold_pool_slots(FormatChoice f, const Geometry& g, int64_t l3_bytes);
 
 // `count` matrices [rows, K] of one format, generated randomly but validly for it, laid out like a
 // checkpoint tensor: one [stored, rows, ...] block each for data, block scales, row scales and
@@ -110,14 +115,14 @@ class MatrixBank {
 // model's experts onto them.
 class Layer {
  public:
-  Layer(moejit_format f, const Geometry& g, uint64_t seed, int32_t backing = 0, int32_t slots = 0);
+  Layer(FormatChoice f, const Geometry& g, uint64_t seed, int32_t backing = 0, int32_t slots = 0);
   moejit_moe_desc desc(int32_t max_tokens) const;  // num_experts = slots()
   // Bytes of distinct memory behind the layer's slots.
   int64_t total_bytes() const { return int64_t(backing_) * expert_bytes(format_, geometry_); }
   int32_t slots() const { return slots_; }
   // Bytes of the layer's weights and scales on transparent huge pages, -1 unknown.
   int64_t huge_page_bytes() const;
-  moejit_format format() const { return format_; }
+  FormatChoice format() const { return format_; }
   const Geometry& geometry() const { return geometry_; }
   // The fused gate_up of expert e (the gate bank's matrix when the geometry is separate).
   const moejit_matrix& gate_up(int32_t e) const { return gate_up_[e]; }
@@ -132,7 +137,7 @@ class Layer {
   void place(const int32_t* ids, int64_t routes, int32_t* out) const;
 
  private:
-  moejit_format format_;
+  FormatChoice format_;
   Geometry geometry_;
   int32_t slots_;
   int32_t backing_;

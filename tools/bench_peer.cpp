@@ -37,7 +37,7 @@ uint16_t f32_to_bf16(float f) {  // round to nearest even (inputs here are finit
 }
 
 // s8 x s8 when the format is one byte per weight: oneDNN 2.6 has no bf16 x s8 matmul.
-bool int8_path(moejit_format f) { return f == MOEJIT_FORMAT_FP8_BLOCK; }
+bool int8_path(FormatChoice f) { return f == MOEJIT_FORMAT_FP8_BLOCK; }
 
 // Creating the primitive descriptor is the probe: oneDNN throws when no implementation exists.
 std::string probe(dt src, dt wei, bool scales) {
@@ -234,7 +234,7 @@ bool peer_available(PeerKind kind, std::string* why) {
   return true;
 }
 
-PeerPlan peer_plan(PeerKind kind, moejit_format format) {
+PeerPlan peer_plan(PeerKind kind, FormatChoice format) {
   PeerPlan p;
   if (kind != PeerKind::onednn) return p;
   const dnnl_version_t* v = dnnl_version();
@@ -319,7 +319,7 @@ bool peer_available(PeerKind kind, std::string* why) {
   return false;
 }
 
-PeerPlan peer_plan(PeerKind, moejit_format) { return {}; }
+PeerPlan peer_plan(PeerKind, FormatChoice) { return {}; }
 
 CaseResult run_peer(PeerKind, const Layer&, const Routing&, const CaseSpec&) {
   CaseResult r;

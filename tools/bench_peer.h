@@ -20,7 +20,7 @@ struct PeerPlan {
   std::string label;
   std::string note;  // what differs from moejit, or why the format is unsupported
 };
-PeerPlan peer_plan(PeerKind kind, moejit_format format);
+PeerPlan peer_plan(PeerKind kind, FormatChoice format);
 
 // Times the peer on `layer` with spec.threads threads (spec.max_isa and spec.dedup do not apply).
 CaseResult run_peer(PeerKind kind, const Layer& layer, const Routing& routing, const CaseSpec& spec);

@@ -57,7 +57,7 @@ struct RunInfo {
 };
 
 struct LayerInfo {
-  moejit_format format = MOEJIT_FORMAT_BF16;
+  FormatChoice format = MOEJIT_FORMAT_BF16;
   double bytes_per_weight = 0;
   int64_t expert_bytes = 0;
   int64_t total_bytes = 0;       // the model's experts: experts x expert_bytes

@@ -12,7 +12,7 @@
 namespace moejit_bench {
 
 struct CaseSpec {
-  moejit_format format = MOEJIT_FORMAT_BF16;
+  FormatChoice format = MOEJIT_FORMAT_BF16;
   int32_t tokens = 1;
   int32_t threads = 1;
   moejit_isa max_isa = MOEJIT_ISA_AUTO;

@@ -192,7 +192,7 @@ struct Runner {
   }
 
   // Generates the format's layer (and the --hot one) and runs its cases.
-  void run_format(moejit_format f) {
+  void run_format(FormatChoice f) {
     LayerInfo info;
     info.format = f;
     info.bytes_per_weight = bytes_per_weight(f, c.geometry);
@@ -273,7 +273,7 @@ int run_all(const Config& c) {
   progress.clear();
   out.begin(machine, run);
   Runner runner{c, dram, out, progress};
-  for (moejit_format f : c.formats) runner.run_format(f);
+  for (FormatChoice f : c.formats) runner.run_format(f);
   progress.clear();
   out.end();
   return runner.errors;
@@ -395,7 +395,7 @@ int run_probe(const Config& c) {
 
 void check_memory(const Config& c) {
   int64_t largest = 0, largest_model = 0;
-  for (moejit_format f : c.formats) {
+  for (FormatChoice f : c.formats) {
     largest = std::max(largest, expert_bytes(f, c.geometry) * cold_pool_slots(f, c.geometry, c.l3_bytes));
     largest_model = std::max(largest_model, expert_bytes(f, c.geometry) * c.geometry.experts);
   }
