@@ -15,6 +15,7 @@
 #include "formats/formats.h"
 #include "jit/cpu.h"
 #include "jit/gemv.h"
+#include "kquants_test_util.h"
 #include "rng.h"
 
 namespace jit_test {
@@ -72,22 +73,27 @@ inline std::vector<uint8_t> prepare_x(const jit::KernelKey& key, const std::vect
 
 struct Bank {
   fmt::Layout layout;
-  std::vector<uint8_t> w;
+  std::vector<uint8_t> w;  // the weights start at w_offset
+  size_t w_offset = 0;
   std::vector<uint8_t> scales;
   std::vector<float> row_scales;  // nvfp4 per-row globals
+  const uint8_t* wp() const { return w.data() + w_offset; }
   fmt::MatrixRef ref() const {
-    return {w.data(), scales.empty() ? nullptr : scales.data(),
-            row_scales.empty() ? nullptr : row_scales.data(), 0};
+    return {wp(), scales.empty() ? nullptr : scales.data(), row_scales.empty() ? nullptr : row_scales.data(),
+            0};
   }
 };
 
-// Random bank with padded, NaN-poisoned scale rows.
 inline bool is_mx8(Format f) {
   return f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2 || f == Format::mxfp4;
 }
 
+// Random bank with padded, NaN-poisoned scale rows; what each part holds is
+// chosen from the format table's row. w_offset: bytes before the first row
+// (GGUF rows lie at any byte of a mapped file).
 inline Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, moejit_test::Rng& rng,
-                      int group = 128) {
+                      int group = 128, size_t w_offset = 0) {
+  const fmt::FormatInfo& fi = fmt::info(f);
   Bank b;
   b.layout.format = f;
   b.layout.scale_dtype = sdt;
@@ -98,33 +104,36 @@ inline Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, moejit_
   b.layout.scale_stride = cols + 3;
   b.w.resize(size_t(fmt::row_bytes(f, k) * rows));
   for (size_t i = 0; i < b.w.size(); ++i) b.w[i] = uint8_t(rng());
-  if (f == Format::bf16)  // finite bf16 values in a sane range
+  if (fi.element == fmt::Element::bf16)  // finite bf16 values in a sane range
     for (size_t i = 1; i < b.w.size(); i += 2) b.w[i] = uint8_t((rng() & 0x80) | (0x3A + rng() % 6));
-  if (f == Format::q4_0 || f == Format::q8_0) {  // finite fp16 d at the start of every block
-    const int bb = f == Format::q4_0 ? 18 : 34;
-    for (size_t blk = 0; blk < b.w.size() / size_t(bb); ++blk) {
+  if (fi.scales == fmt::ScaleKind::inline_fp16) {  // finite fp16 d at the start of every block
+    const size_t bb = size_t(fi.block_bytes);
+    for (size_t blk = 0; blk < b.w.size() / bb; ++blk) {
       const uint16_t d = uint16_t((rng() & 0x8000) | ((10 + rng() % 8) << 10) | (rng() & 0x3FF));
-      b.w[blk * size_t(bb)] = uint8_t(d & 0xFF);
-      b.w[blk * size_t(bb) + 1] = uint8_t(d >> 8);
+      b.w[blk * bb] = uint8_t(d & 0xFF);
+      b.w[blk * bb + 1] = uint8_t(d >> 8);
     }
   }
-  if (f == Format::mxfp8_e5m2)  // finite codes only here (inf/NaN codes have their own test)
+  if (fi.scales == fmt::ScaleKind::inline_super)  // finite d and dmin between 2^-10 and 2^2
+    b.w = kquants_test::random_blocks(fmt::KQuant(int32_t(f)), int(rows * k / fi.block_elems), rng);
+  if (fi.element == fmt::Element::e5m2)  // finite codes only here (inf/NaN codes have their own test)
     for (auto& w : b.w)
       if ((w & 0x7C) == 0x7C) w &= 0xBB;
-  if (f == Format::nvfp4) {  // e4m3 block scales (padding: 480, the largest code), per-row globals
+  if (fi.scale_code == fmt::ScaleCode::e4m3) {  // nvfp4 (padding: 480, the largest code)
     b.scales.assign(size_t(rows * b.layout.scale_stride), 0x7F);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) b.scales[size_t(r * b.layout.scale_stride + c)] = uint8_t(rng());
+  }
+  if (fi.row_globals)
     for (int64_t r = 0; r < rows; ++r)
       b.row_scales.push_back(std::ldexp(1.0f + float(rng() % 1000) / 1000.0f, -3));
-  }
-  if (is_mx8(f)) {
+  if (fi.scale_code == fmt::ScaleCode::e8m0) {
     b.scales.assign(size_t(rows * b.layout.scale_stride), 0xFF);  // e8m0 NaN padding
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
         b.scales[size_t(r * b.layout.scale_stride + c)] = uint8_t(118 + rng() % 16);
   }
-  if (f == Format::fp8_block) {
+  if (fi.scale_code == fmt::ScaleCode::bf16_f32) {
     const int64_t srows = fmt::scale_rows(f, rows);
     const size_t eb = sdt == ScaleDtype::f32 ? 4 : 2;
     b.scales.assign(size_t(srows * b.layout.scale_stride) * eb, 0xFF);  // NaN padding
@@ -137,6 +146,8 @@ inline Bank make_bank(Format f, ScaleDtype sdt, int64_t rows, int64_t k, moejit_
           reinterpret_cast<uint16_t*>(b.scales.data())[r * b.layout.scale_stride + c] = fmt::f32_to_bf16(v);
       }
   }
+  b.w.insert(b.w.begin(), w_offset, uint8_t(0xA5));
+  b.w_offset = w_offset;
   return b;
 }
 
@@ -148,12 +159,13 @@ inline std::vector<float> run_kernel(const jit::Kernel& kern, const Bank& b, con
   std::vector<uint8_t> xp = prepare_x(key, x, c0);
   std::vector<float> y(size_t(key.rows) * size_t(key.tokens), -12345.0f);
   jit::GemvArgs a{};
-  a.w = w ? w : b.w.data();
+  a.w = w ? w : b.wp();
   a.scales = b.scales.empty() ? nullptr : b.scales.data();
+  if (fmt::is_kquant(key.format)) a.scales = a.w;  // the super-blocks hold the scales (runtime/matmul.cpp)
   a.row_scales = b.row_scales.empty() ? nullptr : b.row_scales.data();
   a.x = jit::x_prep(key.isa, key.format, key.flags).slot_ptr(xp.data(), key.k, c0);
   a.y = y.data();
-  a.w_prefetch = b.w.data();
+  a.w_prefetch = b.wp();
   kern.fn()(&a);
   return y;
 }
