@@ -1,6 +1,6 @@
-// Shared by the jit/ white-box suites (test_jit.cpp, test_jit_tiles.cpp):
-// the code paths to test, random banks with padded and poisoned scale rows,
-// prepared activations and a float64 reference check.
+// Shared by the jit/ white-box suites (test_jit*.cpp): the code paths to
+// test, random banks with padded and poisoned scale rows, prepared activations
+// and kernel calls (the float64 reference is kernel_reference.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -185,29 +185,6 @@ inline jit::KernelKey make_key(const Variant& v, Format f, ScaleDtype sdt, int k
   key.isa = v.isa;
   key.flags = v.flags;
   return key;
-}
-
-// Runs one kernel on random bf16 activations and checks every output against
-// float64 from formats::weight, with the summation bound 2^-24 (K + 64) sum|w x|.
-inline void expect_matches_reference(const jit::Kernel& kern, const Bank& b, moejit_test::Rng& rng) {
-  const jit::KernelKey& key = kern.key();
-  const int k = key.k, rows = key.rows, tokens = key.tokens;
-  std::vector<float> x(size_t(tokens) * size_t(k));
-  for (float& e : x) e = fmt::round_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
-  const std::vector<float> y = run_kernel(kern, b, x);
-  for (int m = 0; m < tokens; ++m)
-    for (int r = 0; r < rows; ++r) {
-      double ref = 0.0, mag = 0.0;
-      for (int kk = 0; kk < k; ++kk) {
-        const double p =
-            fmt::weight(b.layout, b.ref(), r, kk) * double(x[size_t(m) * size_t(k) + size_t(kk)]);
-        ref += p;
-        mag += std::fabs(p);
-      }
-      const double got = y[size_t(m) * size_t(rows) + size_t(r)];
-      ASSERT_LE(std::fabs(got - ref), std::ldexp(1.0, -24) * (k + 64) * mag)
-          << key.name() << " token " << m << " row " << r << " got " << got << " want " << ref;
-    }
 }
 
 }  // namespace jit_test

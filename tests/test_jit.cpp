@@ -1,6 +1,7 @@
-// White-box tests of jit/: every generated kernel of every tier this CPU has,
-// called directly, against a float64 reference from formats/; the kernel
-// cache; W^X code memory.
+// White-box tests of jit/: properties of the generated kernels of every tier
+// this CPU has, called directly (every code of a format, every column of a
+// block); the decoders in another body; the kernel cache; W^X code memory.
+// Every format x tier against float64 is test_jit_formats.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -25,33 +26,6 @@ namespace {
 using namespace jit_test;
 
 class GemvKernels : public ::testing::TestWithParam<Variant> {};
-
-TEST_P(GemvKernels, MatchFloat64Reference) {
-  const Variant v = GetParam();
-  moejit_test::Rng rng(42);
-  int checked = 0;
-  for (Format f : {Format::bf16, Format::fp8_block}) {
-    if (!variant_available(v, f)) continue;
-    for (ScaleDtype sdt : {ScaleDtype::bf16, ScaleDtype::f32}) {
-      if (f == Format::bf16 && sdt == ScaleDtype::f32) continue;
-      for (int k : {1, 5, 17, 31, 33, 63, 64, 65, 127, 128, 129, 200, 384, 1000}) {
-        for (int rows : {1, 3, 8, 13, 16}) {
-          for (int tokens : {1, 2, 3, 5}) {
-            if (tokens > jit::max_tokens_per_call(v.isa, f)) continue;
-            const jit::KernelKey key = make_key(v, f, sdt, k, rows, tokens);
-            std::string err;
-            auto kern = jit::global_cache().get(key, &err);
-            ASSERT_TRUE(kern) << key.name() << ": " << err;
-            const Bank b = make_bank(f, sdt, rows, k, rng);
-            expect_matches_reference(*kern, b, rng);
-            ++checked;
-          }
-        }
-      }
-    }
-  }
-  if (checked == 0) GTEST_SKIP() << skip_message(v);
-}
 
 // Every e4m3 code through the real kernel: row r holds code r in column c, x is
 // one-hot at c, scale 1: y[r] must be exactly e4m3(r).
@@ -83,70 +57,6 @@ TEST_P(GemvKernels, EveryE4m3Code) {
           EXPECT_EQ(y[size_t(r)], want) << key.name() << " code 0x" << std::hex << int(code);
         }
       }
-    }
-  }
-}
-
-// mxfp8 (e4m3 and e5m2) with every group size, padded e8m0 scale rows holding
-// the NaN code, one scale row per weight row.
-TEST_P(GemvKernels, Mxfp8MatchFloat64Reference) {
-  const Variant v = GetParam();
-  moejit_test::Rng rng(5);
-  int checked = 0;
-  for (Format f : {Format::mxfp8_e4m3, Format::mxfp8_e5m2, Format::mxfp4}) {
-    if (!variant_available(v, f)) continue;
-    for (int group : {32, 64, 128}) {
-      if (f == Format::mxfp4 && group != 32) continue;
-      for (int k : {group, 3 * group, 2880 / group * group}) {
-        for (int rows : {1, 5, 16}) {
-          for (int tokens : {1, 3}) {
-            if (tokens > jit::max_tokens_per_call(v.isa, f)) continue;
-            Bank b = make_bank(f, ScaleDtype::bf16, rows, k, rng, group);
-            const jit::KernelKey key =
-                make_key(v, f, ScaleDtype::bf16, k, rows, tokens, group, b.layout.scale_stride);
-            std::string err;
-            auto kern = jit::global_cache().get(key, &err);
-            ASSERT_TRUE(kern) << key.name() << ": " << err;
-            expect_matches_reference(*kern, b, rng);
-            ++checked;
-          }
-        }
-      }
-    }
-  }
-  if (checked == 0) GTEST_SKIP() << skip_message(v);
-}
-
-// nvfp4: e4m3 scale per 16 (random codes, padding holding the largest code),
-// fp32 per-row global; K with an odd number of 16-element groups included.
-TEST_P(GemvKernels, Nvfp4MatchFloat64Reference) {
-  const Variant v = GetParam();
-  if (!variant_available(v, Format::nvfp4)) GTEST_SKIP() << skip_message(v);
-  moejit_test::Rng rng(7);
-  for (int k : {16, 32, 48, 144, 2880, 2896}) {
-    for (int rows : {1, 5, 16}) {
-      for (int tokens = 1; tokens <= jit::max_tokens_per_call(v.isa, Format::nvfp4); ++tokens) {
-        Bank b = make_bank(Format::nvfp4, ScaleDtype::bf16, rows, k, rng, 16);
-        const jit::KernelKey key =
-            make_key(v, Format::nvfp4, ScaleDtype::bf16, k, rows, tokens, 16, b.layout.scale_stride);
-        std::string err;
-        auto kern = jit::global_cache().get(key, &err);
-        ASSERT_TRUE(kern) << key.name() << ": " << err;
-        expect_matches_reference(*kern, b, rng);
-      }
-    }
-  }
-  // K = 8192 (a row's widened scales take 2 KiB) and row counts that leave a
-  // partial last batch of widened scales (avx512_bf16 widens 4 rows at a time).
-  for (int rows : {9, 20}) {
-    for (int tokens : {1, 2}) {
-      Bank b = make_bank(Format::nvfp4, ScaleDtype::bf16, rows, 8192, rng, 16);
-      const jit::KernelKey key =
-          make_key(v, Format::nvfp4, ScaleDtype::bf16, 8192, rows, tokens, 16, b.layout.scale_stride);
-      std::string err;
-      auto kern = jit::global_cache().get(key, &err);
-      ASSERT_TRUE(kern) << key.name() << ": " << err;
-      expect_matches_reference(*kern, b, rng);
     }
   }
 }
@@ -225,32 +135,6 @@ TEST_P(GemvKernels, FourBitEveryCodeEveryColumn) {
         }
       }
       ++checked;
-    }
-  }
-  if (checked == 0) GTEST_SKIP() << skip_message(v);
-}
-
-// GGUF q4_0 / q8_0 blocks (unaligned 18- and 34-byte blocks, fp16 d inline).
-TEST_P(GemvKernels, GgufMatchFloat64Reference) {
-  const Variant v = GetParam();
-  moejit_test::Rng rng(11);
-  int checked = 0;
-  for (Format f : {Format::q4_0, Format::q8_0}) {
-    if (!variant_available(v, f)) continue;
-    for (int k : {32, 96, 2880}) {
-      for (int rows : {1, 7, 16}) {
-        for (int tokens : {1, 2, 4}) {
-          if (tokens > jit::max_tokens_per_call(v.isa, f)) continue;
-          Bank b = make_bank(f, ScaleDtype::bf16, rows, k, rng, 32);
-          jit::KernelKey key = make_key(v, f, ScaleDtype::bf16, k, rows, tokens);
-          key.group = 32;
-          std::string err;
-          auto kern = jit::global_cache().get(key, &err);
-          ASSERT_TRUE(kern) << key.name() << ": " << err;
-          expect_matches_reference(*kern, b, rng);
-          ++checked;
-        }
-      }
     }
   }
   if (checked == 0) GTEST_SKIP() << skip_message(v);

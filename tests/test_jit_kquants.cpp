@@ -2,10 +2,11 @@
 // on every tier this CPU has, called directly, against float64 from the
 // per-bit decoder of kquants_test_util.h (written from the layout tables, not
 // from formats/kquants.cpp), with the bound sum(|d sc q x| + |dmin m x|) of
-// formats.md. Rows lie at odd addresses; K = 256 n for several n; row counts
-// that leave partial row groups; every token count a kernel holds; a token's
-// bits alone and inside a multi-token call; every byte value of every scale
-// field; fp16 subnormal, infinite and NaN d and dmin.
+// formats.md. Rows lie at odd addresses; every byte value of every scale
+// field; fp16 subnormal, infinite and NaN d and dmin; rows on both sides of
+// the factor-record limit. The K values, row counts and token counts of every
+// format, and a token's bits alone and inside a multi-token call, are
+// FormatTier/Kernels.MatchFloat64Reference (test_jit_formats.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -115,47 +116,6 @@ std::shared_ptr<const jit::Kernel> kernel(const jit::KernelKey& key) {
 bool available(const Variant& v) { return jit::isa_available(v.isa); }
 
 class KQuantKernels : public ::testing::TestWithParam<Variant> {};
-
-TEST_P(KQuantKernels, MatchFloat64AndKeepEachTokensBits) {
-  const Variant v = GetParam();
-  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
-  moejit_test::Rng rng(23);
-  for (KQuant f : kAll) {
-    const int most = jit::max_tokens_per_call(v.isa, moejit::formats::Format(int32_t(f)));
-    ASSERT_GE(most, 2) << name(f);
-    for (int k : {256, 512, 768, 2048}) {
-      for (int rows : {1, 3, 8, 13, 16, 17}) {
-        const Bank b = make_bank(f, rows, k, rng);
-        std::vector<float> x;
-        for (int m = 0; m < most; ++m) {
-          const std::vector<float> xm = bf16_x(k, rng);
-          x.insert(x.end(), xm.begin(), xm.end());
-        }
-        std::vector<float> alone;  // each token's outputs from the one-token kernel
-        for (int tokens = 1; tokens <= most; ++tokens) {
-          if (rows > 3 && tokens > 2 && tokens < most) continue;  // the middle counts at small shapes only
-          const auto kern = kernel(make_key(v, f, k, rows, tokens));
-          ASSERT_TRUE(kern);
-          const std::vector<float> y = run(*kern, b, x);
-          for (int m = 0; m < tokens; ++m)
-            for (int r = 0; r < rows; ++r)
-              ASSERT_TRUE(matches(f, b.row(r), k, &x[size_t(m) * k], y[size_t(m) * rows + r]))
-                  << kern->key().name() << " token " << m << " row " << r;
-          if (tokens == 1) {
-            alone = y;
-            for (int m = 1; m < most; ++m) {  // every token alone
-              std::vector<float> xm(x.begin() + m * k, x.begin() + (m + 1) * k);
-              const std::vector<float> ym = run(*kern, b, xm);
-              alone.insert(alone.end(), ym.begin(), ym.end());
-            }
-          }
-          ASSERT_EQ(std::memcmp(y.data(), alone.data(), y.size() * 4), 0)
-              << kern->key().name() << ": a token's bits depend on the tokens beside it";
-        }
-      }
-    }
-  }
-}
 
 // Rows whose factor records would not fit the kernel's area (over 16 KiB:
 // 2 x the row's bytes) decode each block's factors at its first step instead
