@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,10 @@ struct FormatTier {
   Variant v;
   int seed;
 };
+
+std::string name_of(const FormatTier& p) { return std::string(fmt::info(p.f).name) + "_" + p.v.name; }
+// What gtest prints for a parameter (CTest's listing too): the name, not the bytes.
+void PrintTo(const FormatTier& p, std::ostream* os) { *os << name_of(p); }
 
 std::vector<FormatTier> all_pairs() {
   std::vector<FormatTier> out;
@@ -64,6 +69,19 @@ std::vector<int> k_values(Format f, int group) {
       out.push_back(k);
   }
   return out;
+}
+
+// Why the pair checked nothing: the CPU lacks the tier (or the VBMI its decode
+// needs), or the tier runs another tier's kernels for the format.
+std::string pair_skip(const Variant& v, Format f) {
+  const Format kf = fmt::kernel_format(f);
+  const jit::Isa runs = jit::kernel_isa(v.isa, kf, fmt::default_group(kf, 0), v.flags);
+  if (jit::isa_available(v.isa) && runs != v.isa)
+    return std::string(v.name) + " has no kernels of its own for " + fmt::info(f).name + ": it runs the " +
+           jit::isa_name(runs) + " kernels (docs/FORMATS.md)";
+  if (jit::isa_available(v.isa))
+    return std::string("this CPU lacks AVX512_VBMI for the ") + v.name + " decode";
+  return skip_message(v);
 }
 
 // The key the runtime builds for such a matrix (runtime/plan.cpp).
@@ -145,7 +163,7 @@ TEST_P(Kernels, MatchFloat64Reference) {
   const Variant v = GetParam().v;
   const fmt::FormatInfo& fi = fmt::info(f);
   const Format kf = fmt::kernel_format(f);  // ds_fp4: mxfp4's kernels on its bytes
-  if (!variant_available(v, kf)) GTEST_SKIP() << skip_message(v) << " (" << fi.name << ")";
+  if (!variant_available(v, kf)) GTEST_SKIP() << pair_skip(v, f);
   moejit_test::Rng rng(uint64_t(1000 + GetParam().seed));
   // GGUF rows lie at any byte of a mapped file.
   const bool inline_scales =
@@ -179,11 +197,10 @@ TEST_P(Kernels, MatchFloat64Reference) {
         }
     }
   }
-  if (checked_ == 0) GTEST_SKIP() << skip_message(v) << " (" << fi.name << ")";
+  if (checked_ == 0) GTEST_SKIP() << pair_skip(v, f);
 }
 
-INSTANTIATE_TEST_SUITE_P(FormatTier, Kernels, ::testing::ValuesIn(all_pairs()), [](const auto& info) {
-  return std::string(fmt::info(info.param.f).name) + "_" + info.param.v.name;
-});
+INSTANTIATE_TEST_SUITE_P(FormatTier, Kernels, ::testing::ValuesIn(all_pairs()),
+                         [](const auto& info) { return name_of(info.param); });
 
 }  // namespace
