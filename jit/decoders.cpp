@@ -98,14 +98,20 @@ std::unique_ptr<Decoder> make_decoder(const KernelKey& key) {
   }
 }
 
-Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags) {
-  if (tier != Isa::avx512_amx) return kernel_isa(tier);
+bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags) {
   KernelKey key;
-  key.isa = tier;
+  key.isa = Isa::avx512_amx;
   key.format = format;
   key.group = group;
   key.flags = flags;
-  return make_tile_decoder(key) ? tier : kernel_isa(tier);
+  return make_tile_decoder(key) != nullptr;
+}
+
+Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags) {
+  if (tier != Isa::avx512_amx) return kernel_isa(tier);
+  // The layers' choice (gemv.h): tiles where there is no decode.
+  const bool tiles = format == Format::bf16 && has_tile_kernels(format, group, flags);
+  return tiles ? tier : kernel_isa(tier);
 }
 
 std::string decode_path(Isa isa, formats::Format format, uint32_t flags) {

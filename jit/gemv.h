@@ -63,11 +63,21 @@ std::string decode_path(Isa isa, formats::Format format, uint32_t flags);
 // that never faults.
 inline constexpr int kNearPrefetchBytes = 6144;
 
+// Whether avx512_amx kernels exist for a format (a tile decode, jit/decoders.cpp):
+// bf16, fp8_block, mxfp8 and q8_0. They can be generated and are tested
+// whichever kernels the layers run (kernel_isa).
+bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags = 0);
+
 // The tier whose kernels a context of tier `tier` runs for a format (group:
-// the kernel key's; flags: kFlagNoVbmi where asked for): avx512_amx for the
-// formats with a tile decode (jit/decoders.cpp), its vector tier avx512_bf16
-// for the others; every other tier runs its own (tiers.h, kernel_isa(tier)).
-// Batch invariance needs one choice per format and shape, never per token count.
+// the kernel key's; flags: kFlagNoVbmi where asked for). Every tier but
+// avx512_amx runs its own (tiers.h, kernel_isa(tier)). avx512_amx runs tile
+// kernels only for bf16, where they stream the weights with tileloadd and no
+// decode; every other format runs the avx512_bf16 kernels there. Measured on
+// the 16-core Xeon (docs/PERFORMANCE.md): at the one to two tokens per expert
+// of a decode step the 8-bit tile kernels (decode to a tile buffer, then
+// tdpbf16ps) read 12-34% less than the row kernels; they gain 19-36% only from
+// about four tokens per expert. Batch invariance needs one choice per format
+// and shape, never per token count, so the choice is the decode's.
 Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags = 0);
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU

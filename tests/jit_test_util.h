@@ -42,7 +42,8 @@ inline const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
 // a tile decode) and this CPU runs them.
 inline bool variant_available(const Variant& v, Format f) {
   if (!jit::isa_available(v.isa)) return false;
-  if (jit::kernel_isa(v.isa, f, fmt::default_group(f, 0), v.flags) != v.isa) return false;
+  if (v.isa == jit::Isa::avx512_amx && !jit::has_tile_kernels(f, fmt::default_group(f, 0), v.flags))
+    return false;
   if (jit::needs_vbmi(v.isa, f, v.flags)) return jit::host_features().avx512_vbmi;
   return true;
 }

@@ -82,7 +82,7 @@ std::vector<jit::KernelKey> all_keys() {
                   key.group = group;
                   key.isa = isa;
                   key.flags = flags;
-                  if (isa == jit::Isa::avx512_amx && jit::kernel_isa(isa, key.format, group, flags) != isa)
+                  if (isa == jit::Isa::avx512_amx && !jit::has_tile_kernels(key.format, group, flags))
                     continue;
                   const int max_m = jit::max_tokens_per_call(key);
                   for (int m = 1; m <= max_m; ++m) {

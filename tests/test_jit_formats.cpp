@@ -76,7 +76,8 @@ std::vector<int> k_values(Format f, int group) {
 std::string pair_skip(const Variant& v, Format f) {
   const Format kf = fmt::kernel_format(f);
   const jit::Isa runs = jit::kernel_isa(v.isa, kf, fmt::default_group(kf, 0), v.flags);
-  if (jit::isa_available(v.isa) && runs != v.isa)
+  if (jit::isa_available(v.isa) && v.isa == jit::Isa::avx512_amx &&
+      !jit::has_tile_kernels(kf, fmt::default_group(kf, 0), v.flags))
     return std::string(v.name) + " has no kernels of its own for " + fmt::info(f).name + ": it runs the " +
            jit::isa_name(runs) + " kernels (docs/FORMATS.md)";
   if (jit::isa_available(v.isa))
@@ -170,7 +171,7 @@ TEST_P(Kernels, MatchFloat64Reference) {
       fi.scales == fmt::ScaleKind::inline_fp16 || fi.scales == fmt::ScaleKind::inline_super;
   const size_t offset = inline_scales ? 1 : 0;
   for (int group : groups_of(fi)) {
-    if (jit::kernel_isa(v.isa, kf, group, v.flags) != v.isa) continue;
+    if (v.isa == jit::Isa::avx512_amx && !jit::has_tile_kernels(kf, group, v.flags)) continue;
     for (ScaleDtype sdt : scale_dtypes_of(fi)) {
       for (int k : k_values(f, group))
         for (int rows : {1, 3, 5, 7, 8, 13, 16, 17}) {
