@@ -15,7 +15,6 @@
 #include "bench_layer.h"
 #include "bench_util.h"
 #include "formats/formats.h"
-#include "jit/cpu.h"
 #include "jit/gemv.h"
 #include "jit/kernel_cache.h"
 #include "jit/tiers.h"
@@ -48,7 +47,6 @@ std::vector<jit::Isa> kernel_tiers() {
 jit::KernelKey kernel_key(moejit_format f, jit::Isa isa, int32_t k, int32_t tokens) {
   moejit::plan::Target t;
   t.isa = isa;
-  t.near_prefetch = moejit::jit::near_prefetch_for(moejit::jit::host_features());  // the runtime's
   return moejit::plan::matrix_plan(t, {Format(f)}, kRows, k, 0).key(kRows, tokens);
 }
 

@@ -25,7 +25,6 @@ const CpuFeatures& host_features() {
     r.avx512dq = cpu.has(C::tAVX512DQ);
     r.avx512_bf16 = cpu.has(C::tAVX512_BF16);
     r.avx512_vbmi = cpu.has(C::tAVX512_VBMI);
-    r.intel = cpu.has(C::tINTEL);
     const std::pair<uint32_t, bool> bits[] = {{kAvx2, r.avx2},
                                               {kFma, r.fma},
                                               {kF16c, r.f16c},
@@ -69,10 +68,6 @@ Isa host_isa() {
   for (int i = kTierCount - 1; i > 0; --i)
     if (host_features().has(tier(i).features)) return tier(i).isa;
   return Isa::scalar;
-}
-
-int32_t near_prefetch_for(const CpuFeatures& cpu) {
-  return cpu.intel ? kNearPrefetchBytesIntel : kNearPrefetchBytes;
 }
 
 }  // namespace moejit::jit

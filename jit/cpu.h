@@ -14,7 +14,6 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512_bf16 = false;
   bool avx512_vbmi = false;
-  bool intel = false;  // CPUID vendor GenuineIntel
   // AMX tile data: "granted", or why the avx512_amx tier is unavailable (no AMX-TILE, or the OS refused).
   const char* tile_data_note = "";
 };
@@ -23,12 +22,5 @@ const CpuFeatures& host_features();
 // Best tier this build can generate on this CPU (scalar when the JIT is unavailable).
 Isa host_isa();
 bool isa_available(Isa isa);
-
-// The near prefetch distance kernels take on this CPU (KernelKey::near_prefetch):
-// kNearPrefetchBytesIntel on Intel, kNearPrefetchBytes elsewhere. Measured with
-// 16 threads on the Xeon (docs/PERFORMANCE.md): 12 KiB read 2-14% more than 6
-// KiB in every case of two rounds (fp8_block, q4_0, q8_0, q4_K); on Zen 4 16 KiB
-// read less than 4-8 KiB.
-int32_t near_prefetch_for(const CpuFeatures& cpu);
 
 }  // namespace moejit::jit

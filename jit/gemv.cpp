@@ -80,10 +80,6 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "k, rows and tokens must be >= 1";
     return false;
   }
-  if (key.near_prefetch < 64 || key.near_prefetch > 65536 || key.near_prefetch % 64 != 0) {
-    *why = "the near prefetch distance must be a multiple of 64 in [64, 65536]";
-    return false;
-  }
   const auto dec = make_decoder(key);
   if (!dec) {
     *why = std::string("no ") + isa_name(key.isa) + " kernel for format " + formats::format_name(f) +

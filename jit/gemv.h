@@ -51,6 +51,18 @@ bool streams_with_prefetch(formats::Format format);
 // How the kernels of a format decode on a tier, in words (moejit-info).
 std::string decode_path(Isa isa, formats::Format format, uint32_t flags);
 
+// Each prefetch of a later call's line comes with a second one, of the line
+// kNearPrefetchBytes ahead of the cursor in this call's own stream (also into
+// L2): the later-call prefetches alone leave demand misses. Measured on Zen 4,
+// Qwen3-30B-A3B layer, cold experts, kernels built both ways alternating in one
+// process (PERFORMANCE.md, "Tried, and did not help"): fp8_block with one thread 82-85% of the
+// read bandwidth without it, 84-89% with it 4 KiB ahead; two threads 87-88% ->
+// 90-93%; q8_0 with two threads +3-5 points. The near prefetch alone reads
+// 66%; 2 KiB ahead is no better than none, 16 KiB worse, 4-8 KiB alike (6 KiB
+// 0-2 points above 4 with one thread). Past a matrix's last row it is a hint
+// that never faults.
+inline constexpr int kNearPrefetchBytes = 6144;
+
 // Whether avx512_amx kernels exist for a format (a tile decode, jit/decoders.cpp):
 // bf16, fp8_block, mxfp8 and q8_0. They can be generated and are tested
 // whichever kernels the layers run (kernel_isa).

@@ -26,7 +26,6 @@ size_t KernelKey::hash() const {
   mix(uint64_t(uint32_t(group)));
   mix(uint64_t(uint32_t(isa)));
   mix(uint64_t(flags));
-  mix(uint64_t(uint32_t(near_prefetch)));
   return size_t(h);
 }
 
@@ -43,7 +42,6 @@ std::string KernelKey::name() const {
   const TierInfo* t = tier_info(isa);
   n += std::string("_") + (t ? t->key_name : "unknown");
   if (flags) n += "_f" + std::to_string(flags);
-  if (near_prefetch != kNearPrefetchBytes) n += "_p" + std::to_string(near_prefetch);
   return n;
 }
 

@@ -197,10 +197,10 @@ class RowBody : public Generator {
     pf_span_ = span;
   }
   // The next prefetch pair: the later call's line, and this stream's line
-  // key_.near_prefetch bytes ahead (KernelKey).
+  // kNearPrefetchBytes ahead.
   void emit_prefetch() {
     prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
-    prefetcht1(ptr[reg_wk + pf_next_ + key_.near_prefetch]);
+    prefetcht1(ptr[reg_wk + pf_next_ + kNearPrefetchBytes]);
     pf_next_ += pf_stride();
   }
   void finish_prefetch_span() {
@@ -418,7 +418,7 @@ void RowBody::emit_block(int n, int ti) {
     // Each line read is matched by a prefetch of the same line of a later
     // call (into L2: measured ~1.5x faster cold than L1 prefetches here), or
     // one per kSparsePrefetchBytes in sparse kernels, and by one of the line
-    // key_.near_prefetch ahead.
+    // kNearPrefetchBytes ahead.
     while (pf_next_ <= dw_ + dec_->elem_byte(off) && pf_next_ < pf_span_) emit_prefetch();
     if (cnt == shape_.step) phase("decode");
     dec_->load_widen(Cursor{reg_wk, dw_}, off, cnt, regs_.w);

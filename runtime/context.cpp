@@ -1,14 +1,11 @@
 #include "runtime/context.h"
 
-#include "jit/cpu.h"
-
 namespace moejit {
 
 Context::Context(int num_threads, const std::vector<int>& cpus, jit::Isa isa, uint32_t flags, bool dedup,
                  bool dedup_debug)
     : pool_(num_threads, cpus),
       isa_(isa),
-      near_prefetch_(jit::near_prefetch_for(jit::host_features())),
       flags_(flags),
       dedup_(dedup),
       dedup_debug_(dedup_debug),

@@ -18,8 +18,6 @@ class Context {
           bool dedup_debug);
   bool ok() const { return pool_.ok(); }
   jit::Isa isa() const { return isa_; }
-  // The near prefetch distance of its kernels: this CPU's, chosen at creation (jit::near_prefetch_for).
-  int32_t near_prefetch() const { return near_prefetch_; }
   uint32_t flags() const { return flags_; }
   bool dedup_enabled() const { return dedup_; }
   bool dedup_debug() const { return dedup_debug_; }
@@ -41,7 +39,6 @@ class Context {
  private:
   ThreadPool pool_;
   jit::Isa isa_;
-  int32_t near_prefetch_;
   uint32_t flags_;
   bool dedup_;
   bool dedup_debug_;

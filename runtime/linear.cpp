@@ -17,7 +17,6 @@ moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConf
   l->cfg_ = cfg;
   plan::Target target;
   target.isa = l->ctx_->isa();
-  target.near_prefetch = l->ctx_->near_prefetch();
   target.threads = l->ctx_->num_threads();
   const plan::LinearPlan p = plan::linear_plan({cfg.format, cfg.scale_dtype, cfg.group}, cfg.rows, cfg.cols,
                                                cfg.max_tokens, w.scale_row_stride, target);

@@ -21,7 +21,6 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
 
   plan::Target target;
   target.isa = m->ctx_->isa();
-  target.near_prefetch = m->ctx_->near_prefetch();
   target.threads = m->ctx_->num_threads();
   target.dedup = m->dedup_;
   plan::MoeShape shape;

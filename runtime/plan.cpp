@@ -22,7 +22,6 @@ jit::KernelKey MatrixPlan::key(int32_t rows, int32_t tokens) const {
   k.group = fi.scales == formats::ScaleKind::none ? 0 : layout.group;
   k.isa = isa;
   k.flags = flags;
-  k.near_prefetch = near_prefetch;
   return k;
 }
 
@@ -62,7 +61,6 @@ MatrixPlan matrix_plan(const Target& t, const ProjFormat& f, int64_t rows, int64
   // kFlagNoVbmi where the CPU lacks AVX512_VBMI, or where asked to.
   m.flags = jit::runtime_flags(m.isa, l.format, l.group);
   if (t.no_vbmi && jit::needs_vbmi(m.isa, l.format, 0)) m.flags |= jit::kFlagNoVbmi;
-  m.near_prefetch = t.near_prefetch;
   return m;
 }
 

@@ -26,7 +26,6 @@ struct Target {
   int32_t threads = 1;   // workers of the context: row blocks keep every worker busy
   bool dedup = true;     // one kernel call per expert with all of its routes (MoE)
   bool no_vbmi = false;  // force jit::kFlagNoVbmi where a decode would use AVX512_VBMI
-  int32_t near_prefetch = jit::kNearPrefetchBytes;  // the CPU's (jit::near_prefetch_for)
 };
 
 // One [rows, K] matrix: the kernels' view of it and every kernel its calls use.
@@ -34,11 +33,10 @@ struct MatrixPlan {
   // Kernel format (ds_fp4 runs mxfp4's), group resolved, scale stride resolved
   // (the stride given, or the dense one).
   formats::Layout layout;
-  jit::Isa isa = jit::Isa::avx2;                    // the scalar tier has no generated kernels
-  uint32_t flags = 0;                               // jit::kFlag* of every kernel
-  int32_t near_prefetch = jit::kNearPrefetchBytes;  // every kernel's (Target)
-  std::vector<int32_t> call_rows;                   // distinct rows per kernel call, ascending
-  int32_t tokens_per_call = 1;                      // most tokens one kernel call takes (the scalar tier: 1)
+  jit::Isa isa = jit::Isa::avx2;   // the scalar tier has no generated kernels
+  uint32_t flags = 0;              // jit::kFlag* of every kernel
+  std::vector<int32_t> call_rows;  // distinct rows per kernel call, ascending
+  int32_t tokens_per_call = 1;     // most tokens one kernel call takes (the scalar tier: 1)
 
   // The kernel of a call of `rows` rows and `tokens` tokens.
   jit::KernelKey key(int32_t rows, int32_t tokens) const;

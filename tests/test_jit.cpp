@@ -360,24 +360,6 @@ TEST(KernelKey, NameHashEquality) {
   b = a;
   b.scale_dtype = 1;
   EXPECT_NE(a.name(), b.name());
-  b = a;  // the near prefetch distance: named only when not the default
-  b.near_prefetch = jit::kNearPrefetchBytesIntel;
-  EXPECT_NE(a, b);
-  EXPECT_NE(a.hash(), b.hash());
-  EXPECT_EQ(b.name(), "fp8_block_k2048_r16_m4_s16_bf16_avx512bf16_p12288");
-  std::string why;
-  b.near_prefetch = 100;  // not a multiple of 64
-  EXPECT_FALSE(jit::gemv_supported(b, &why));
-  EXPECT_NE(why.find("near prefetch"), std::string::npos) << why;
-}
-
-// The context takes the near prefetch distance of this CPU's vendor.
-TEST(KernelKey, NearPrefetchByVendor) {
-  jit::CpuFeatures intel, other;
-  intel.intel = true;
-  EXPECT_EQ(jit::near_prefetch_for(intel), jit::kNearPrefetchBytesIntel);
-  EXPECT_EQ(jit::near_prefetch_for(other), jit::kNearPrefetchBytes);
-  EXPECT_NE(jit::kNearPrefetchBytesIntel, jit::kNearPrefetchBytes);
 }
 
 TEST(KernelCache, SharesAndReleases) {

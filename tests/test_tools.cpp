@@ -41,7 +41,6 @@ jit::KernelKey runtime_key(Format f, int64_t k, jit::Isa isa, int rows, int toke
   plan::Target t;
   t.isa = isa;
   t.no_vbmi = no_vbmi;
-  t.near_prefetch = jit::near_prefetch_for(jit::host_features());  // the context's
   return plan::matrix_plan(t, {f}, rows, k, 0).key(rows, tokens);
 }
 
@@ -343,11 +342,12 @@ INSTANTIATE_TEST_SUITE_P(All, TierListing, ::testing::ValuesIn(tier_cases()),
                          });
 
 // Every prefetch of a later call's line (base + distance register) is paired
-// with one of the same offset the key's near_prefetch ahead in the call's own
-// stream (base only; the default and Intel's distance, jit/cpu.h), and the later call's lines are covered
-// with no gap: offsets 0, s, 2s, ... with s = 64 (one per line) or 1024 (bf16, one token, row body). Tile
-// kernels (avx512_amx) read 16 rows at once and have no near prefetch: row r's offsets are r * row_bytes + 0,
-// 64, ... for each of the call's rows. On an AMX host the row body runs too, as avx512_bf16.
+// with one of the same offset kNearPrefetchBytes ahead in the call's own stream
+// (base only), and the later call's lines are covered with no gap: offsets 0,
+// s, 2s, ... with s = 64 (one per line) or 1024 (bf16, one token, row body).
+// Tile kernels (avx512_amx) read 16 rows at once and have no near prefetch:
+// row r's offsets are r * row_bytes + 0, 64, ... for each of the call's rows.
+// On an AMX host the row body runs too, as avx512_bf16.
 TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
   if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
   const jit::Isa host = jit::host_isa();
@@ -368,45 +368,43 @@ TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
   if (host == jit::Isa::avx512_amx) isas.push_back(jit::Isa::avx512_bf16);
   const int rows = 3;
   for (jit::Isa isa : isas)
-    for (int32_t ahead : {jit::kNearPrefetchBytes, jit::kNearPrefetchBytesIntel})
-      for (const Case& c : cases) {
-        jit::KernelKey key = runtime_key(c.format, c.k, isa, rows, c.tokens);
-        key.near_prefetch = ahead;
-        std::string err, listing;
-        auto k = jit::global_cache().get(key, &err);
-        ASSERT_TRUE(k) << key.name() << ": " << err;
-        ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
-        std::multiset<int64_t> far, near;
-        std::set<std::string> bases;
-        for (const auto& line : instruction_lines(listing)) {
-          std::smatch m;
-          if (std::regex_search(line, m, far_re)) {
-            far.insert(m[3].matched ? std::stoll(m[3].str(), nullptr, 16) : 0);
-            bases.insert(m[1].str());
-          } else if (std::regex_search(line, m, near_re)) {
-            near.insert(std::stoll(m[2].str(), nullptr, 16) - ahead);
-            bases.insert(m[1].str());
-          }
-        }
-        ASSERT_FALSE(far.empty()) << key.name() << " prefetches no later call";
-        const bool tile = key.isa == jit::Isa::avx512_amx;
-        if (tile)
-          EXPECT_TRUE(near.empty()) << key.name() << ": the tile body has no near prefetch";
-        else
-          EXPECT_EQ(near, far) << key.name() << ": the near prefetches do not pair with the later call's";
-        EXPECT_EQ(bases.size(), 1u) << key.name() << ": prefetches from more than one cursor";
-        const int64_t rb = moejit::formats::row_bytes(c.format, c.k);
-        for (int r = 0; r < (tile ? rows : 1); ++r) {
-          std::set<int64_t> offsets;
-          for (int64_t off : far)
-            if (!tile || off / rb == r) offsets.insert(tile ? off - r * rb : off);
-          int64_t expect = 0;
-          for (int64_t off : offsets) {
-            EXPECT_EQ(off, expect) << key.name() << " row " << r << ": a later call's line is not prefetched";
-            expect = off + (tile ? 64 : c.stride);
-          }
+    for (const Case& c : cases) {
+      const jit::KernelKey key = runtime_key(c.format, c.k, isa, rows, c.tokens);
+      std::string err, listing;
+      auto k = jit::global_cache().get(key, &err);
+      ASSERT_TRUE(k) << key.name() << ": " << err;
+      ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
+      std::multiset<int64_t> far, near;
+      std::set<std::string> bases;
+      for (const auto& line : instruction_lines(listing)) {
+        std::smatch m;
+        if (std::regex_search(line, m, far_re)) {
+          far.insert(m[3].matched ? std::stoll(m[3].str(), nullptr, 16) : 0);
+          bases.insert(m[1].str());
+        } else if (std::regex_search(line, m, near_re)) {
+          near.insert(std::stoll(m[2].str(), nullptr, 16) - jit::kNearPrefetchBytes);
+          bases.insert(m[1].str());
         }
       }
+      ASSERT_FALSE(far.empty()) << key.name() << " prefetches no later call";
+      const bool tile = key.isa == jit::Isa::avx512_amx;
+      if (tile)
+        EXPECT_TRUE(near.empty()) << key.name() << ": the tile body has no near prefetch";
+      else
+        EXPECT_EQ(near, far) << key.name() << ": the near prefetches do not pair with the later call's";
+      EXPECT_EQ(bases.size(), 1u) << key.name() << ": prefetches from more than one cursor";
+      const int64_t rb = moejit::formats::row_bytes(c.format, c.k);
+      for (int r = 0; r < (tile ? rows : 1); ++r) {
+        std::set<int64_t> offsets;
+        for (int64_t off : far)
+          if (!tile || off / rb == r) offsets.insert(tile ? off - r * rb : off);
+        int64_t expect = 0;
+        for (int64_t off : offsets) {
+          EXPECT_EQ(off, expect) << key.name() << " row " << r << ": a later call's line is not prefetched";
+          expect = off + (tile ? 64 : c.stride);
+        }
+      }
+    }
 }
 
 // The listing covers every byte once: offsets strictly increase and the last
@@ -586,7 +584,6 @@ TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
       t.dedup = dedup == 1;
       t.threads = 1 + dedup;  // the down row block depends on the worker count
       t.isa = isa;
-      t.near_prefetch = jit::near_prefetch_for(jit::host_features());  // the context's
       std::set<std::string> planned;
       for (const auto& k : plan::moe_plan(l, t).keys()) planned.insert(k.name());
 
@@ -743,7 +740,6 @@ TEST(DumpTool, JsonRawAndLayer) {
   plan::Target t;
   t.threads = 3;
   t.isa = isa;
-  t.near_prefetch = jit::near_prefetch_for(jit::host_features());  // moejit-dump's
   std::string expect;
   for (const auto& k : plan::moe_plan(l, t).keys()) expect += k.name() + "\n";
   EXPECT_EQ(r.out, expect);

@@ -205,7 +205,6 @@ int run_single(const Args& a, Format f, Isa isa) {
   plan::Target target;
   target.isa = isa;
   target.no_vbmi = a.no_vbmi;
-  target.near_prefetch = moejit::jit::near_prefetch_for(moejit::jit::host_features());  // the runtime's
   const plan::ProjFormat pf{f, parse_scale_dtype(a.scale_dtype), a.group_size};
   auto k = generate(plan::matrix_plan(target, pf, a.rows, a.k, a.scale_stride).key(a.rows, a.tokens));
   if (!a.raw.empty()) write_raw(*k, a.raw);
@@ -248,7 +247,6 @@ int run_layer(const Args& a, Format f, Isa isa) {
   target.dedup = !a.no_dedup && !(dedup_env && std::strcmp(dedup_env, "0") == 0);
   target.isa = isa;
   target.no_vbmi = a.no_vbmi;
-  target.near_prefetch = moejit::jit::near_prefetch_for(moejit::jit::host_features());  // the runtime's
   if (a.threads < 0) fail(2, "--threads must be >= 0");
   target.threads = a.threads > 0 ? a.threads : affinity_cpus();
   std::string why;
