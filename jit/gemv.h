@@ -75,7 +75,7 @@ bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags = 0)
 // decode; every other format runs the avx512_bf16 kernels there. Measured on
 // the 16-core Xeon (docs/PERFORMANCE.md): at the one to two tokens per expert
 // of a decode step the 8-bit tile kernels (decode to a tile buffer, then
-// tdpbf16ps) read 12-34% less than the row kernels; they gain 19-36% only from
+// tdpbf16ps) read 7-34% less than the row kernels; they gain 19-36% only from
 // about four tokens per expert. Batch invariance needs one choice per format
 // and shape, never per token count, so the choice is the decode's.
 Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags = 0);
