@@ -101,4 +101,34 @@ inline std::vector<uint8_t> linear_call(moejit_linear* lin, const LinearData& d,
   return y.bytes;
 }
 
+// Every token count 1..max_tokens of a MoE problem through one layer on a
+// two-worker context of `tier`, each checked against the float64 reference;
+// stops at the first count with a mismatch.
+inline void expect_moe_matches(moejit_isa tier, const MoeData& d, const Reference& ref) {
+  CtxPtr ctx = make_ctx(tier, 2);
+  ASSERT_TRUE(ctx);
+  MoePtr m = make_moe_obj(ctx.get(), d);
+  ASSERT_TRUE(m);
+  for (int T = 1; T <= d.p.max_tokens; ++T) {
+    const std::vector<uint8_t> y = moe_call(m.get(), d, T);
+    const std::string what = d.p.name + " tier " + moejit_isa_name(tier) + " num_tokens " + std::to_string(T);
+    if (check_against(y, d.p.out, ref, T, d.p.H, what) > 0) break;
+  }
+}
+
+// The same for a dense linear problem, its data and reference made here.
+inline void expect_linear_matches(moejit_isa tier, const LinearProblem& p) {
+  const LinearData d = make_linear(p);
+  const Reference ref = linear_reference(d);
+  CtxPtr ctx = make_ctx(tier, 2);
+  ASSERT_TRUE(ctx);
+  LinearPtr l = make_linear_obj(ctx.get(), d.desc(), p.name);
+  ASSERT_TRUE(l);
+  for (int T = 1; T <= p.max_tokens; ++T) {
+    const std::vector<uint8_t> y = linear_call(l.get(), d, T);
+    const std::string what = p.name + " tier " + moejit_isa_name(tier) + " num_tokens " + std::to_string(T);
+    if (check_against(y, p.out, ref, T, p.rows, what) > 0) break;
+  }
+}
+
 }  // namespace moejit_test

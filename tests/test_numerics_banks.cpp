@@ -245,15 +245,7 @@ TEST_P(MixedFormats, MatchReference) {
   if (p.fill == Fill::exact) {
     EXPECT_LE(ref.significant * 100, ref.g_elems) << "too many ambiguous g elements";
   }
-  CtxPtr ctx = make_ctx(tier, 2);
-  ASSERT_TRUE(ctx);
-  MoePtr m = make_moe_obj(ctx.get(), d);
-  ASSERT_TRUE(m);
-  for (int T = 1; T <= p.max_tokens; ++T) {
-    const std::vector<uint8_t> y = moe_call(m.get(), d, T);
-    const std::string what = p.name + " tier " + moejit_isa_name(tier) + " num_tokens " + std::to_string(T);
-    if (check_against(y, p.out, ref, T, p.H, what) > 0) break;
-  }
+  expect_moe_matches(tier, d, ref);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, MixedFormats,

@@ -106,15 +106,7 @@ TEST_P(KQuantMoe, MatchesReference) {
   const MoeProblem p = moe_problems()[size_t(std::get<1>(GetParam()))];
   const MoeData d = make_moe(p);
   const Reference ref = moe_reference(d);
-  CtxPtr ctx = make_ctx(tier, 2);
-  ASSERT_TRUE(ctx);
-  MoePtr m = make_moe_obj(ctx.get(), d);
-  ASSERT_TRUE(m);
-  for (int T = 1; T <= p.max_tokens; ++T) {
-    const std::vector<uint8_t> y = moe_call(m.get(), d, T);
-    const std::string what = p.name + " tier " + moejit_isa_name(tier) + " num_tokens " + std::to_string(T);
-    if (check_against(y, p.out, ref, T, p.H, what) > 0) break;
-  }
+  expect_moe_matches(tier, d, ref);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, KQuantMoe,
@@ -159,17 +151,7 @@ TEST_P(KQuantLinear, MatchesReference) {
   const moejit_isa tier = std::get<0>(GetParam());
   if (tier > moejit_host_isa()) GTEST_SKIP() << "tier " << moejit_isa_name(tier) << " is above this host's";
   const LinearProblem p = linear_problems()[size_t(std::get<1>(GetParam()))];
-  const LinearData d = make_linear(p);
-  const Reference ref = linear_reference(d);
-  CtxPtr ctx = make_ctx(tier, 2);
-  ASSERT_TRUE(ctx);
-  LinearPtr l = make_linear_obj(ctx.get(), d.desc(), p.name);
-  ASSERT_TRUE(l);
-  for (int T = 1; T <= p.max_tokens; ++T) {
-    const std::vector<uint8_t> y = linear_call(l.get(), d, T);
-    const std::string what = p.name + " tier " + moejit_isa_name(tier) + " num_tokens " + std::to_string(T);
-    if (check_against(y, p.out, ref, T, p.rows, what) > 0) break;
-  }
+  expect_linear_matches(tier, p);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, KQuantLinear,
