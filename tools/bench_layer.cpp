@@ -135,7 +135,9 @@ Geometry layer_geometry(FormatChoice f, const Geometry& g) {
   return l;
 }
 
-const char* format_label(FormatChoice f) { return f == kMixQ4KM ? "q4_K_M" : fmt::format_name(fmt::Format(f)); }
+const char* format_label(FormatChoice f) {
+  return f == kMixQ4KM ? "q4_K_M" : fmt::format_name(fmt::Format(f));
+}
 
 bool parse_format(const std::string& name, FormatChoice* out) {
   if (name == "q4_K_M") return *out = kMixQ4KM, true;
