@@ -99,15 +99,6 @@ MoeData split(const MoeData& fused) {
   return d;
 }
 
-int count_finite_nonzero(const std::vector<uint8_t>& y, moejit_dtype dt) {
-  int n = 0;
-  for (size_t i = 0; i < y.size() / dsize(dt); ++i) {
-    const double v = y_at(y, dt, i);
-    n += std::isfinite(v) && v != 0;
-  }
-  return n;
-}
-
 // ------------------------------------------------------------------ separate = fused
 
 struct SplitCase {
@@ -258,14 +249,6 @@ INSTANTIATE_TEST_SUITE_P(Tiers, MixedFormats,
 
 // ------------------------------------------------------------------ determinism and stats
 
-// Weight + scale bytes of one matrix as the stats count them: dense scale rows.
-uint64_t mat_bytes(const Mat& m) {
-  const fm::Layout l = m.layout();
-  return uint64_t(m.data.size()) +
-         uint64_t(m.srows * m.scols * fm::scale_elem_bytes(l.format, l.scale_dtype)) +
-         uint64_t(m.row_scales.size() * 4);
-}
-
 class MixedTier : public ::testing::TestWithParam<moejit_isa> {};
 
 TEST_P(MixedTier, SameBitsForAnyThreadsAndDedupAndOwnBytesCounted) {
@@ -276,33 +259,7 @@ TEST_P(MixedTier, SameBitsForAnyThreadsAndDedupAndOwnBytesCounted) {
     p.max_tokens = 17, p.E = 5, p.top_k = 4;
     const MoeData d = make_moe(p);
     SCOPED_TRACE(p.name + " tier " + moejit_isa_name(tier));
-    uint64_t expert_bytes = 0;
-    for (const std::vector<Mat>* bank : {&d.gu, &d.up, &d.dn})
-      if (!bank->empty()) expert_bytes += mat_bytes((*bank)[0]);
-    std::vector<uint8_t> first;
-    for (auto [threads, flags] : {std::pair<int, uint32_t>{1, 0u}, {3, 0u}, {2, MOEJIT_CONTEXT_NO_DEDUP}}) {
-      CtxPtr ctx = make_ctx(tier, threads, flags);
-      ASSERT_TRUE(ctx);
-      MoePtr m = make_moe_obj(ctx.get(), d);
-      ASSERT_TRUE(m);
-      const int T = p.max_tokens;
-      const std::vector<uint8_t> y = moe_call(m.get(), d, T);
-      if (first.empty()) {
-        first = y;
-        EXPECT_GT(count_finite_nonzero(y, p.out), int(y.size() / dsize(p.out)) / 2);
-      } else {
-        EXPECT_EQ(std::memcmp(first.data(), y.data(), y.size()), 0)
-            << "threads " << threads << " flags " << flags;
-      }
-      std::set<int32_t> experts;
-      uint64_t routes = 0;
-      for (int s = 0; s < T * p.top_k; ++s)
-        if (d.ids[size_t(s)] >= 0) ++routes, experts.insert(d.ids[size_t(s)]);
-      moejit_moe_stats st{};
-      st.struct_size = sizeof(st);
-      ASSERT_EQ(moejit_moe_stats_get(m.get(), &st), MOEJIT_OK);
-      EXPECT_EQ(st.weight_bytes_read, (flags ? routes : uint64_t(experts.size())) * expert_bytes);
-    }
+    expect_same_bits_any_threads_and_dedup(tier, d);
   }
 }
 

@@ -178,38 +178,7 @@ TEST_P(KQuantTier, SameBitsForAnyThreadsAndDedup) {
     p.max_tokens = 17, p.E = 5, p.top_k = 4;
     const MoeData d = make_moe(p);
     SCOPED_TRACE(p.name + " tier " + moejit_isa_name(tier));
-    uint64_t expert_bytes = 0;
-    for (const std::vector<Mat>* bank : {&d.gu, &d.up, &d.dn})
-      if (!bank->empty()) expert_bytes += uint64_t((*bank)[0].data.size());
-    std::vector<uint8_t> first;
-    for (auto [threads, flags] : {std::pair<int, uint32_t>{1, 0u}, {3, 0u}, {2, MOEJIT_CONTEXT_NO_DEDUP}}) {
-      CtxPtr ctx = make_ctx(tier, threads, flags);
-      ASSERT_TRUE(ctx);
-      MoePtr m = make_moe_obj(ctx.get(), d);
-      ASSERT_TRUE(m);
-      const int T = p.max_tokens;
-      const std::vector<uint8_t> y = moe_call(m.get(), d, T);
-      if (first.empty()) {
-        first = y;
-        int finite_nonzero = 0;
-        for (size_t e = 0; e < y.size() / dsize(p.out); ++e) {
-          const double v = y_at(y, p.out, e);
-          finite_nonzero += std::isfinite(v) && v != 0;
-        }
-        EXPECT_GT(finite_nonzero, int(y.size() / dsize(p.out)) / 2);
-      } else {
-        EXPECT_EQ(std::memcmp(first.data(), y.data(), y.size()), 0)
-            << "threads " << threads << " flags " << flags;
-      }
-      std::set<int32_t> experts;
-      uint64_t routes = 0;
-      for (int s = 0; s < T * p.top_k; ++s)
-        if (d.ids[size_t(s)] >= 0) ++routes, experts.insert(d.ids[size_t(s)]);
-      moejit_moe_stats st{};
-      st.struct_size = sizeof(st);
-      ASSERT_EQ(moejit_moe_stats_get(m.get(), &st), MOEJIT_OK);
-      EXPECT_EQ(st.weight_bytes_read, (flags ? routes : uint64_t(experts.size())) * expert_bytes);
-    }
+    expect_same_bits_any_threads_and_dedup(tier, d);
   }
   // A linear layer: 1 and 3 threads, the same bits.
   const LinearData ld = make_linear(lin(Q5K, 130, 768, OF, true, Fill::random, 7));
