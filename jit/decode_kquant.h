@@ -55,6 +55,10 @@ class KQuantRule : public ScaleRule {
   }
   void begin_row() override;
   void next_row() override;
+  bool chunkable() const override { return true; }
+  void begin_row_blocks(const Address& first_byte, int64_t n) override;
+  void rewind_rows(int n) override;
+  void next_rows(int n) override;
   // tot += sum; tot -= M . S_x.
   void apply(const ScaleBlock& b) override;
 
@@ -116,16 +120,24 @@ class KQuantDecoder : public Decoder {
     g().lea(r_.tmp, ptr[r_.tmp + w.base * 2 + 2 * w.disp]);
     return r_.tmp;
   }
-  // Every record of the row that starts at r_.scale_row, and base2 = aux - 2 row.
-  void emit_row_records() {
+  // The records of the row that starts at r_.scale_row, and base2 = aux - 2
+  // row: every block's, or n blocks' from the byte offset in the qword at
+  // *first_byte (K-chunked kernels).
+  void emit_row_records(const Address* first_byte = nullptr, int64_t n = -1) {
     Generator& a = g();
     a.mov(r_.tmp, r_.aux);
     a.sub(r_.tmp, r_.scale_row);
     a.sub(r_.tmp, r_.scale_row);
     a.mov(ptr[r_.aux + slot()], r_.tmp);
-    a.mov(r_.src, r_.scale_row);
-    a.mov(r_.dst, r_.aux);
-    a.mov(r_.count, blocks());
+    if (first_byte) {
+      a.mov(r_.dst, *first_byte);
+      a.lea(r_.src, ptr[r_.scale_row + r_.dst]);
+      a.lea(r_.dst, ptr[r_.aux + r_.dst * 2]);
+    } else {
+      a.mov(r_.src, r_.scale_row);
+      a.mov(r_.dst, r_.aux);
+    }
+    a.mov(r_.count, n < 0 ? blocks() : n);
     Label l_block;
     a.L(l_block);
     rec_ = r_.dst;

@@ -140,6 +140,17 @@ class ScaleRule : public DecodePart {
   // Scale-cursor bytes per block.
   virtual int block_bytes() const = 0;
 
+  // ---- K-chunked row bodies: rows in groups, each group's rows visited once
+  // per chunk of K (kChunkXBytes in jit/row_body.cpp) ----
+  // Whether the rule supports them: begin_row_blocks instead of begin_row,
+  // rewind_rows between chunks; a rule that reads rows_left does not.
+  virtual bool chunkable() const { return false; }
+  // Top of a row's visit for its n blocks from the weight byte offset held in
+  // the qword at `first_byte` (r_.scale_row, r_.count, src, dst and tmp free).
+  virtual void begin_row_blocks(const Xbyak::Address& /*first_byte*/, int64_t /*n*/) {}
+  // Undoes next_row() n times: back to the group's first row.
+  virtual void rewind_rows(int /*n*/) {}
+
   // ---- per block ----
   virtual void apply(const ScaleBlock& b) = 0;
 

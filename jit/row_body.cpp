@@ -63,6 +63,18 @@ constexpr int64_t kMaxRowUnrollVectors = 256;
 // fp8_block with one per 256 B fell from 78-81% to 66-72%.
 constexpr int kSparsePrefetchBytes = 1024;
 
+// K-chunked kernels. A multi-token kernel whose prepared x is fp32 reads
+// tokens x 4 bytes of x per weight, once per row: when the call's x outgrows
+// L1 those reads come from L2, and a q4_K kernel at K = 7168 ran 1.4x (2
+// tokens) to 2.1x (7 tokens) slower per weight than at K = 768 on the Intel
+// VM (docs/PERFORMANCE.md, "K-chunked kernels"). Such kernels visit each group
+// of rows once per chunk of K whose x of all tokens fits kChunkXBytes, keeping
+// each row's running totals in its stash slot between visits. A row's blocks
+// still add into the same registers in the same order, so the bits are those
+// of the unchunked kernel; only the order in which rows are visited changes.
+constexpr int64_t kChunkMinXBytes = 32 * 1024;  // a call's x above this is chunked
+constexpr int64_t kChunkXBytes = 16 * 1024;     // x of all tokens per chunk
+
 // Accumulators per token: na inside a block, nt running totals of scaled blocks.
 struct Plan {
   int na;
@@ -108,6 +120,18 @@ class RowBody : public Generator {
     const int64_t nfull = key.k / shape_.block;
     if (sparse_ && nfull > 0 && nfull * (shape_.block / shape_.vec_elems) <= kMaxRowUnrollVectors)
       unroll_ = int(nfull);
+    // Chunks of K (see kChunkXBytes): rules that support them with no scale
+    // cursor (their scales ride in the weights), one running total (kept in
+    // the stash slot) and no total factor.
+    const int64_t call_x = key.tokens * xstride_bytes_;
+    if (rule_ && rule_->chunkable() && rule_->block_bytes() == 0 && fma_f32_ && key.tokens > 1 &&
+        plan_.nt == 1 && dec_->total_factor() == 1.0f && key.k % shape_.block == 0 &&
+        call_x > kChunkMinXBytes) {
+      // The most blocks that fit, dividing the row's blocks into equal chunks.
+      const int64_t fit = std::max<int64_t>(1, kChunkXBytes / (key.tokens * xblock_bytes_));
+      for (int64_t c = std::min(fit, nfull - 1); c >= 1 && chunk_blocks_ == 0; --c)
+        if (nfull % c == 0 && c % unroll_ == 0) chunk_blocks_ = c;
+    }
   }
 
   bool generate(std::string* err) {
@@ -179,7 +203,11 @@ class RowBody : public Generator {
 
   void emit_body();
   void emit_data();
+  void emit_rows();
   void emit_row();
+  void emit_blocks(int64_t nfull, bool tail_too);
+  void emit_chunked_rows();
+  void emit_group(int n);
   void emit_block(int n, int ti);
   void apply_scale(int n, int ti);
   void stash_row();
@@ -276,12 +304,13 @@ class RowBody : public Generator {
   bool fma_f32_;           // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
   bool sparse_;            // streamed by the hardware prefetchers, one token: unrolled rows, sparse prefetch
   int unroll_ = 1;         // blocks per loop iteration
-  int dw_ = 0;             // byte displacements of the block being emitted: weights,
-  int64_t dx_ = 0;         // activations,
-  int ds_ = 0;             // scales
-  int64_t pf_next_ = 0;    // next line offset of the current region to prefetch
-  int64_t pf_span_ = 0;    // bytes the current region reads
-  Label l_hsum_idx_;       // vpermps index putting a row group's sums in row order
+  int64_t chunk_blocks_ = 0;  // blocks per chunk of K, 0 when rows are not chunked
+  int dw_ = 0;                // byte displacements of the block being emitted: weights,
+  int64_t dx_ = 0;            // activations,
+  int ds_ = 0;                // scales
+  int64_t pf_next_ = 0;       // next line offset of the current region to prefetch
+  int64_t pf_span_ = 0;       // bytes the current region reads
+  Label l_hsum_idx_;          // vpermps index putting a row group's sums in row order
 };
 
 void RowBody::emit_body() {
@@ -306,6 +335,28 @@ void RowBody::emit_body() {
 
   // Rows in groups of group_rows(): each row leaves its total vectors in the
   // stash, and each group's horizontal sums run together (see reduce_group).
+  if (chunk_blocks_ > 0) {
+    emit_chunked_rows();
+  } else {
+    emit_rows();
+  }
+
+  phase("epilogue");
+  if (rule_stack_bytes() > 0) add(rsp, rule_stack_bytes());
+  add(rsp, stash_bytes());
+  vzeroupper();
+  pop(reg_rg);
+  pop(reg_g);
+  pop(reg_aux);
+  pop(reg_pfd);
+  pop(reg_rows);
+  pop(reg_tmp);
+  ret();
+  emit_data();
+}
+
+// Rows front to back, each over all of K.
+void RowBody::emit_rows() {
   Label l_row, l_next;
   const int rem = int(key_.rows % group_rows());
   mov(reg_rows, key_.rows);
@@ -328,19 +379,64 @@ void RowBody::emit_body() {
   dec(reg_rows);
   jnz(l_row, T_NEAR);
   if (rem > 0) reduce_group(rem);
+}
 
-  phase("epilogue");
-  if (rule_stack_bytes() > 0) add(rsp, rule_stack_bytes());
-  add(rsp, stash_bytes());
-  vzeroupper();
-  pop(reg_rg);
-  pop(reg_g);
-  pop(reg_aux);
-  pop(reg_pfd);
-  pop(reg_rows);
-  pop(reg_tmp);
-  ret();
-  emit_data();
+// K-chunked rows (see kChunkXBytes): full groups in a loop, then the partial one.
+void RowBody::emit_chunked_rows() {
+  const int G = group_rows();
+  const int64_t full = key_.rows / G;
+  const int rem = int(key_.rows % G);
+  if (full > 0) {
+    Label l_group;
+    mov(reg_rows, full);  // groups left (no rule of a chunked kernel reads rows_left)
+    L(l_group);
+    emit_group(G);
+    dec(reg_rows);
+    jnz(l_group, T_NEAR);
+  }
+  if (rem > 0) emit_group(rem);
+}
+
+// One group of n rows: its running totals start as zeros in the stash, each
+// chunk of K runs over the n rows (one loop over the chunks, their offsets
+// in the spill slot), then the group's sums.
+void RowBody::emit_group(int n) {
+  const int64_t chunks = key_.k / shape_.block / chunk_blocks_;
+  const Address off_w = qword[rsp + spill_off()];      // weight bytes of the chunk's first block
+  const Address off_x = qword[rsp + spill_off() + 8];  // and its prepared-x bytes
+  const Address left = qword[rsp + spill_off() + 16];  // chunks left
+  const Xmm z = v_w(0);
+  vxorps(z, z, z);
+  for (int i = 0; i < n * key_.tokens; ++i) vmovups(ptr[rsp + stash_off() + i * vbytes()], z);
+  mov(off_w, 0);
+  mov(off_x, 0);
+  mov(left, chunks);
+  Label l_chunk, l_row;
+  L(l_chunk);
+  lea(reg_st, ptr[rsp + stash_off()]);
+  mov(reg_rg, n);
+  L(l_row);
+  rule_->begin_row_blocks(off_w, chunk_blocks_);
+  for (int m = 0; m < key_.tokens; ++m) vmovups(tot(m), ptr[reg_st + m * vbytes()]);
+  mov(reg_wk, reg_wt);
+  add(reg_wk, off_w);
+  mov(reg_xk, reg_x0);
+  add(reg_xk, off_x);
+  emit_blocks(chunk_blocks_, false);
+  add(reg_wt, row_bytes_);
+  rule_->next_row();
+  add(reg_st, key_.tokens * vbytes());
+  dec(reg_rg);
+  jnz(l_row, T_NEAR);
+  sub(reg_wt, n * row_bytes_);
+  rule_->rewind_rows(n);
+  add(off_w, int32_t(chunk_blocks_ * dec_->block_bytes()));
+  add(off_x, int32_t(chunk_blocks_ * xblock_bytes_));
+  dec(left);
+  jnz(l_chunk, T_NEAR);
+  add(reg_wt, n * row_bytes_);
+  rule_->next_rows(n);
+  reduce_group(n);
 }
 
 void RowBody::emit_data() {
@@ -356,9 +452,6 @@ void RowBody::emit_data() {
 // One row over all of K. Scaled formats unroll `unroll_` blocks per loop
 // iteration; block b adds into running total b % plan_.nt.
 void RowBody::emit_row() {
-  const int64_t nfull = key_.k / shape_.block;
-  const int tail = int(key_.k % shape_.block);
-  const int block_bytes = dec_->block_bytes();
   if (scaled_)
     for (int m = 0; m < key_.tokens; ++m)
       for (int j = 0; j < plan_.nt; ++j) vxorps(tot(m, j), tot(m, j), tot(m, j));
@@ -367,6 +460,14 @@ void RowBody::emit_row() {
   mov(reg_wk, reg_wt);
   mov(reg_xk, reg_x0);
   mov(reg_sk, rule_ ? rule_->row_cursor() : reg_s0);
+  emit_blocks(key_.k / shape_.block, true);
+}
+
+// nfull blocks from the cursors (and the row's tail when `tail_too`), then the
+// row's totals into its stash slot.
+void RowBody::emit_blocks(int64_t nfull, bool tail_too) {
+  const int tail = tail_too ? int(key_.k % shape_.block) : 0;
+  const int block_bytes = dec_->block_bytes();
   const int64_t iters = nfull / unroll_;
   const int rem = int(nfull % unroll_);
   if (iters > 0) {
@@ -386,7 +487,10 @@ void RowBody::emit_row() {
     dec(reg_kb);
     jnz(l_blk, T_NEAR);
   }
-  start_prefetch_span(row_bytes_ - (row_bytes_ / block_bytes - rem) * block_bytes);
+  if (tail_too)
+    start_prefetch_span(row_bytes_ - (row_bytes_ / block_bytes - rem) * block_bytes);
+  else
+    start_prefetch_span(rem * int64_t(block_bytes));
   for (int j = 0; j < rem; ++j) {
     set_block_disp(j);
     emit_block(shape_.block, j % std::max(1, plan_.nt));
