@@ -1,6 +1,7 @@
 // Google Benchmark: the compute floor of each generated GEMV kernel on one core. The kernel the
 // runtime would build for a 64-row call (runtime/plan.h, the keys Matmul resolves) runs over a
-// matrix small enough to stay in L2 (at most 256 KiB), one call per 64 rows, on the calling
+// matrix small enough to stay in L2 (at most 256 KiB, or one call's rows where those are more:
+// up to 896 KiB of bf16 at K = 7168), one call per 64 rows, on the calling
 // thread: no pool, no layer epilogue, no DRAM. Against the one-thread read bandwidth this says
 // whether a format is compute-bound on one core before it is bandwidth-bound (issue #3).
 // Counter weight_bytes: weight + scale bytes per second. dram_read/threads:1 (registered first)
@@ -28,7 +29,9 @@ namespace jit = moejit::jit;
 constexpr int kRows = 64;                         // rows per call, as a pass-1 item of the Qwen3 layer
 constexpr int64_t kL2Bytes = int64_t(256) << 10;  // matrix budget: a quarter of Zen 4's L2
 
-const int32_t kKs[] = {2048, 768};        // Qwen3-30B-A3B gate_up and down
+// Qwen3-30B-A3B gate_up and down, and DeepSeek-V3 gate_up: at 7168 the x of
+// two or more fp32 tokens outgrows L1 (the K-chunked kernels, jit/row_body.cpp).
+const int32_t kKs[] = {2048, 768, 7168};
 const int32_t kTokens[] = {1, 2, 4, 16};  // capped at the tier's tokens per call
 const moejit_format kFormats[] = {MOEJIT_FORMAT_BF16,       MOEJIT_FORMAT_FP8_BLOCK, MOEJIT_FORMAT_MXFP8_E4M3,
                                   MOEJIT_FORMAT_MXFP8_E5M2, MOEJIT_FORMAT_Q8_0,      MOEJIT_FORMAT_MXFP4,
