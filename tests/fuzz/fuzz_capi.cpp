@@ -138,7 +138,11 @@ void fuzz_moe(Reader& in) {
   if (ds != 0 && ds != 3) inv = true;
 
   // Sizes: small and valid for every K rule (H: gate's and up's, I: down's), or invalid by themselves.
-  auto pick_k = [&](int32_t unit) -> int32_t {
+  // `wide`: now and then a hidden size of 2048-3072 for super-block formats, so
+  // dedup groups of 4+ tokens run the K-chunked kernels (jit/row_body.cpp)
+  // against the one-token kernels of the twin without dedup.
+  auto pick_k = [&](int32_t unit, bool wide = false) -> int32_t {
+    if (wide && unit == 256 && in.chance(16)) return int32_t(256 * in.range(8, 12));
     if (in.chance(8)) {
       inv = true;
       if (unit > 1 && in.flag()) return int32_t(unit * in.range(1, 4) + in.range(1, 15));
@@ -148,7 +152,7 @@ void fuzz_moe(Reader& in) {
     if (unit == 1) return int32_t(in.chance(40) ? in.range(1, 8) : in.range(1, 400));
     return int32_t(unit * in.range(1, 256 / unit > 0 ? 256 / unit + 1 : 1));
   };
-  d.hidden = pick_k(std::max(gate.k_unit(), up.k_unit()));
+  d.hidden = pick_k(std::max(gate.k_unit(), up.k_unit()), true);
   d.intermediate = pick_k(down.k_unit());
   d.num_experts = pick(in, 1, 24, {0, -1, std::numeric_limits<int32_t>::min()}, &inv);
   if (in.chance(6)) {
