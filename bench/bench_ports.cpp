@@ -1,0 +1,154 @@
+// Google Benchmark: the throughput of the 512-bit instructions the decoders are made of, on the
+// calling core. Each case generates a loop of 8 independent instances (no instance reads another's
+// result, nor its own of the iteration before), so the time per instance is its reciprocal throughput;
+// `cycles` divides it by the time of one 1-cycle scalar add in a dependent chain, measured in the same run
+// (the `add_chain` case), so it reads as cycles wherever the clock runs. Which decode costs what on a CPU
+// (jit/decode_*.cpp; docs/PERFORMANCE.md) comes from these figures: for one, `vdpbf16ps` against
+// two `vfmadd231ps` per 32 products. Cases the CPU lacks (AVX512_BF16, VBMI) are skipped.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "jit/cpu.h"
+#include "jit/generator.h"
+
+namespace {
+
+namespace jit = moejit::jit;
+using Xbyak::Zmm;
+// Emits instance i of 8: it writes registers i, 8 + i or 16 + i only, and reads 30 and 31.
+using Emit = std::function<void(jit::Generator&, int)>;
+
+constexpr int kInstances = 8;
+constexpr int64_t kLoopsPerCall = 4096;
+
+// A loop of kLoopsPerCall iterations of the 8 instances, called as void(void).
+class PortLoop : public jit::Generator {
+ public:
+  explicit PortLoop(const Emit& emit) {
+    for (int i = 0; i < 32; ++i) vpxord(Zmm(i), Zmm(i), Zmm(i));
+    mov(rax, kLoopsPerCall);
+    Xbyak::Label l_loop;
+    L(l_loop);
+    for (int i = 0; i < kInstances; ++i) emit(*this, i);
+    dec(rax);
+    jnz(l_loop, T_NEAR);
+    vzeroupper();
+    ret();
+  }
+  bool build(std::string* err) { return finalize(err); }
+};
+
+double add_chain_ns();
+
+void bm_port(benchmark::State& state, Emit emit, bool needs_bf16, bool needs_vbmi) {
+  const jit::CpuFeatures& cpu = jit::host_features();
+  if (!cpu.avx512f || !cpu.avx512bw || (needs_bf16 && !cpu.avx512_bf16) || (needs_vbmi && !cpu.avx512_vbmi)) {
+    state.SkipWithError("skipped: this CPU lacks the instruction");
+    return;
+  }
+  PortLoop loop(emit);
+  std::string err;
+  if (!loop.build(&err)) {
+    state.SkipWithError(("skipped: " + err).c_str());
+    return;
+  }
+  const auto fn = loop.getCode<void (*)()>();
+  fn();
+  double ns = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    ns += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double per_instance = ns / (double(state.iterations()) * kInstances * kLoopsPerCall);
+  state.counters["ns"] = per_instance;
+  state.counters["cycles"] = per_instance / add_chain_ns();
+}
+
+// Nanoseconds of one dependent scalar add (one cycle), best of 5 runs of 8 x kLoopsPerCall x 64.
+double add_chain_ns() {
+  static const double ns = [] {
+    PortLoop loop([](jit::Generator& g, int) {
+      for (int j = 0; j < 8; ++j) g.add(g.rcx, g.rdx);
+    });
+    std::string err;
+    if (!loop.build(&err)) return 0.0;
+    const auto fn = loop.getCode<void (*)()>();
+    double best = 1e30;
+    for (int r = 0; r < 5; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 64; ++i) fn();
+      const std::chrono::duration<double, std::nano> d = std::chrono::steady_clock::now() - t0;
+      best = std::min(best, d.count() / (64.0 * kInstances * 8 * kLoopsPerCall));
+    }
+    return best;
+  }();
+  return ns;
+}
+
+struct Case {
+  const char* name;
+  Emit emit;
+  bool bf16 = false;
+  bool vbmi = false;
+};
+
+// Sources are registers 30 and 31 (never written).
+std::vector<Case> cases() {
+  const Zmm a(30), b(31);
+  return {
+      {"vfmadd231ps", [=](jit::Generator& g, int i) { g.vfmadd231ps(Zmm(i), a, b); }},
+      {"vdpbf16ps", [=](jit::Generator& g, int i) { g.vdpbf16ps(Zmm(i), a, b); }, true},
+      {"vmulps", [=](jit::Generator& g, int i) { g.vmulps(Zmm(i), a, b); }},
+      {"vcvtdq2ps", [=](jit::Generator& g, int i) { g.vcvtdq2ps(Zmm(i), a); }},
+      {"vcvtph2ps", [=](jit::Generator& g, int i) { g.vcvtph2ps(Zmm(i), Xbyak::Ymm(30)); }},
+      {"vpandd", [=](jit::Generator& g, int i) { g.vpandd(Zmm(i), a, b); }},
+      {"vpternlogd", [=](jit::Generator& g, int i) { g.vpternlogd(Zmm(i), a, b, 0xE4); }},
+      {"vpsrld_imm", [=](jit::Generator& g, int i) { g.vpsrld(Zmm(i), a, 4); }},
+      {"vpsrlvd", [=](jit::Generator& g, int i) { g.vpsrlvd(Zmm(i), a, b); }},
+      {"vpermps", [=](jit::Generator& g, int i) { g.vpermps(Zmm(i), a, b); }},
+      {"vpermw", [=](jit::Generator& g, int i) { g.vpermw(Zmm(i), a, b); }},
+      {"vpermb", [=](jit::Generator& g, int i) { g.vpermb(Zmm(i), a, b); }, false, true},
+      {"vpermi2b", [=](jit::Generator& g, int i) { g.vpermi2b(Zmm(i), a, b); }, false, true},
+      {"vpshufb", [=](jit::Generator& g, int i) { g.vpshufb(Zmm(i), a, b); }},
+      {"vpmovzxbd", [=](jit::Generator& g, int i) { g.vpmovzxbd(Zmm(i), Xbyak::Xmm(30)); }},
+      // The mixes of a 4-bit step per 16 products (an instance: the three): a shift, a table
+      // lookup and an FMA in fp32; a shift, a table lookup and half a vdpbf16ps in bf16 pairs.
+      {"vpsrld+vpermps+vfmadd231ps",
+       [=](jit::Generator& g, int i) {
+         g.vpsrld(Zmm(i), a, 4);
+         g.vpermps(Zmm(8 + i), a, b);
+         g.vfmadd231ps(Zmm(16 + i), a, b);
+       }},
+      {"vpsrlw+vpermw+vdpbf16ps",
+       [=](jit::Generator& g, int i) {
+         g.vpsrlw(Zmm(i), a, 4);
+         g.vpermw(Zmm(8 + i), a, b);
+         g.vdpbf16ps(Zmm(16 + i), a, b);
+       },
+       true},
+  };
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RegisterBenchmark("port/add_chain", [](benchmark::State& state) {
+    for (auto _ : state) benchmark::DoNotOptimize(add_chain_ns());
+    state.counters["ns"] = add_chain_ns();
+    state.counters["cycles"] = 1;
+  });
+  for (const Case& c : cases())
+    benchmark::RegisterBenchmark((std::string("port/") + c.name).c_str(), bm_port, c.emit, c.bf16, c.vbmi);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
