@@ -118,8 +118,8 @@ std::vector<Case> cases() {
       {"vpermi2b", [=](jit::Generator& g, int i) { g.vpermi2b(Zmm(i), a, b); }, false, true},
       {"vpshufb", [=](jit::Generator& g, int i) { g.vpshufb(Zmm(i), a, b); }},
       {"vpmovzxbd", [=](jit::Generator& g, int i) { g.vpmovzxbd(Zmm(i), Xbyak::Xmm(30)); }},
-      // The mixes of a 4-bit step per 16 products (an instance: the three): a shift, a table
-      // lookup and an FMA in fp32; a shift, a table lookup and half a vdpbf16ps in bf16 pairs.
+      // The mixes of a 4-bit step (an instance: the three): a shift, a table lookup and an FMA
+      // in fp32 (16 products); a shift, a table lookup and a vdpbf16ps in bf16 pairs (32).
       {"vpsrld+vpermps+vfmadd231ps",
        [=](jit::Generator& g, int i) {
          g.vpsrld(Zmm(i), a, 4);
