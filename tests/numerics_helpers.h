@@ -119,18 +119,32 @@ inline void expect_moe_matches(moejit_isa tier, const MoeData& d, const Referenc
   }
 }
 
+// A dense linear problem's data, float64 reference and layer on a context of
+// `tier` with two workers; the caller checks HasFatalFailure() after open().
+struct LinearRun {
+  LinearData d;
+  Reference ref;
+  CtxPtr ctx;
+  LinearPtr l;
+  void open(moejit_isa tier, const LinearProblem& p) {
+    d = make_linear(p);
+    ref = linear_reference(d);
+    ctx = make_ctx(tier, 2);
+    ASSERT_TRUE(ctx);
+    l = make_linear_obj(ctx.get(), d.desc(), p.name);
+    ASSERT_TRUE(l);
+  }
+};
+
 // The same for a dense linear problem, its data and reference made here.
 inline void expect_linear_matches(moejit_isa tier, const LinearProblem& p) {
-  const LinearData d = make_linear(p);
-  const Reference ref = linear_reference(d);
-  CtxPtr ctx = make_ctx(tier, 2);
-  ASSERT_TRUE(ctx);
-  LinearPtr l = make_linear_obj(ctx.get(), d.desc(), p.name);
-  ASSERT_TRUE(l);
+  LinearRun r;
+  r.open(tier, p);
+  if (::testing::Test::HasFatalFailure()) return;
   for (int T = 1; T <= p.max_tokens; ++T) {
-    const std::vector<uint8_t> y = linear_call(l.get(), d, T);
+    const std::vector<uint8_t> y = linear_call(r.l.get(), r.d, T);
     const std::string what = p.name + " tier " + moejit_isa_name(tier) + " num_tokens " + std::to_string(T);
-    if (check_against(y, p.out, ref, T, p.rows, what) > 0) break;
+    if (check_against(y, p.out, r.ref, T, p.rows, what) > 0) break;
   }
 }
 

@@ -466,16 +466,13 @@ TEST_P(TierTest, PaddedScaleStridesNeverReadPoison) {
   for (moejit_dtype sdt : {SB, SF}) {
     LinearProblem p = lin("pad_poison", FP8, sdt, 256, 384, MOEJIT_DTYPE_F32, true, 1, 51);
     p.max_tokens = 4;
-    const LinearData d = make_linear(p);
-    const Reference ref = linear_reference(d);
-    CtxPtr ctx = make_ctx(tier_, 2);
-    ASSERT_TRUE(ctx);
-    LinearPtr l = make_linear_obj(ctx.get(), d.desc(), p.name);
-    ASSERT_TRUE(l);
-    const std::vector<uint8_t> y = linear_call(l.get(), d, 4);
+    LinearRun r;
+    r.open(tier_, p);
+    if (HasFatalFailure()) return;
+    const std::vector<uint8_t> y = linear_call(r.l.get(), r.d, 4);
     for (size_t i = 0; i < size_t(4 * p.rows); ++i)
       ASSERT_FALSE(std::isnan(y_at(y, p.out, i))) << "NaN at " << i;
-    check_against(y, p.out, ref, 4, p.rows,
+    check_against(y, p.out, r.ref, 4, p.rows,
                   std::string("padded stride, scales ") + (sdt == SF ? "f32" : "bf16") + " tier " +
                       moejit_isa_name(tier_));
     // The same poison under a MoE layer.
@@ -484,7 +481,7 @@ TEST_P(TierTest, PaddedScaleStridesNeverReadPoison) {
     mp.max_tokens = 4;
     const MoeData md = make_moe(mp);
     const Reference mref = moe_reference(md);
-    MoePtr m = make_moe_obj(ctx.get(), md);
+    MoePtr m = make_moe_obj(r.ctx.get(), md);
     ASSERT_TRUE(m);
     const std::vector<uint8_t> my = moe_call(m.get(), md, 4);
     for (size_t i = 0; i < size_t(4 * mp.H); ++i)
