@@ -45,10 +45,6 @@ void KQuantRule::begin_row_blocks(const Address& first_byte, int64_t n) {
   if (dec_->rows_mode()) dec_->emit_row_records(&first_byte, n);
 }
 
-void KQuantRule::next_rows(int n) {
-  if (dec_->rows_mode()) a().add(r_.scale_row, n * dec_->blocks() * dec_->block_bytes());
-}
-
 void KQuantRule::rewind_rows(int n) {
   if (dec_->rows_mode()) a().sub(r_.scale_row, n * dec_->blocks() * dec_->block_bytes());
 }

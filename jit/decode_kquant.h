@@ -58,7 +58,6 @@ class KQuantRule : public ScaleRule {
   bool chunkable() const override { return true; }
   void begin_row_blocks(const Address& first_byte, int64_t n) override;
   void rewind_rows(int n) override;
-  void next_rows(int n) override;
   // tot += sum; tot -= M . S_x.
   void apply(const ScaleBlock& b) override;
 

@@ -433,14 +433,16 @@ void RowBody::emit_group(int n) {
   add(reg_st, key_.tokens * vbytes());
   dec(reg_rg);
   jnz(l_row, T_NEAR);
+  // After the last chunk the cursors stay on the next group's first row.
+  Label l_done;
+  dec(left);
+  jz(l_done, T_NEAR);
   sub(reg_wt, n * row_bytes_);
   rule_->rewind_rows(n);
   add(off_w, int32_t(chunk_blocks_ * dec_->block_bytes()));
   add(off_x, int32_t(chunk_blocks_ * xblock_bytes_));
-  dec(left);
-  jnz(l_chunk, T_NEAR);
-  add(reg_wt, n * row_bytes_);
-  rule_->next_rows(n);
+  jmp(l_chunk, T_NEAR);
+  L(l_done);
   reduce_group(n);
 }
 
