@@ -32,7 +32,8 @@ class E2m1F32Decoder : public E2m1Decoder {
   E2m1F32Decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule)
       : E2m1Decoder(key, XLayout::f32_evens_odds, 2, std::move(rule)) {}
   void emit_decode_constants() override {
-    a().broadcast_u32(r_.c[0], 0x0F, r_.tmp.cvt32());  // nibble mask; the tables are read from data
+    if (!zmm())
+      a().broadcast_u32(r_.c[0], 0x0F, r_.tmp.cvt32());  // nibble mask; the tables are read from data
   }
   void emit_data() override {
     Generator& g = a();
@@ -54,10 +55,8 @@ class E2m1F32Decoder : public E2m1Decoder {
       g.vpmovzxbd(t, src);
     }
     g.vpsrld(hi, t, 4);
-    if (zmm()) {
-      g.vpandd(lo, t, r_.c[0]);
-      g.vpermps(Zmm(lo.getIdx()), Zmm(lo.getIdx()),
-                ptr[rip + l_values_]);  // 16 entries: the index carries the sign
+    if (zmm()) {  // 16 entries: the index carries the sign; vpermps reads its low 4 bits, so no mask
+      g.vpermps(Zmm(lo.getIdx()), Zmm(t.getIdx()), ptr[rip + l_values_]);
       g.vpermps(Zmm(hi.getIdx()), Zmm(hi.getIdx()), ptr[rip + l_values_]);
     } else {  // 8-entry vpermps: magnitude from the table, sign bit 3 moved to bit 31
       const Xmm s = r_.t[1];
