@@ -19,6 +19,7 @@
 #include "jit/gemv.h"
 #include "jit/kernel_cache.h"
 #include "jit/tiers.h"
+#include "runtime/aligned_buffer.h"
 #include "runtime/plan.h"
 
 namespace {
@@ -75,10 +76,13 @@ void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k
   const jit::XPrep prep = jit::x_prep(key.isa, key.format, key.flags);
   const size_t elem_bytes = prep.elem_bytes();
   const size_t xbytes = size_t(prep.buffer_bytes(k, tokens));
-  std::vector<uint16_t> x(xbytes / 2, 0x3F80);
+  // 64-byte aligned, as the layers' buffers (runtime/aligned_buffer.h).
+  moejit::AlignedBuffer<uint16_t> x;
+  x.assign(xbytes / 2, 0x3F80);
   if (elem_bytes == 4)
-    for (size_t i = 0; i < x.size(); i += 2) x[i] = 0;
-  std::vector<float> y(size_t(kRows) * size_t(tokens));
+    for (size_t i = 0; i < x.size(); i += 2) x.data()[i] = 0;
+  moejit::AlignedBuffer<float> y;
+  y.assign(size_t(kRows) * size_t(tokens), 0.0f);
   std::vector<jit::GemvArgs> args(static_cast<size_t>(calls));
   for (int32_t c = 0; c < calls; ++c) {
     jit::GemvArgs& a = args[size_t(c)];

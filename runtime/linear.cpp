@@ -29,7 +29,8 @@ moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConf
   try {
     l->x_prep_.assign(l->mm_.x_buffer_bytes(cfg.max_tokens), 0);
     if (formats::info(cfg.format).ds_numerics) l->x_rt_.assign(size_t(cfg.cols), 0);
-    l->worker_floats_ = l->mm_.scratch_floats() + size_t(cfg.max_tokens) * size_t(l->rb_) + 16;
+    l->worker_floats_ =
+        aligned_elems<float>(l->mm_.scratch_floats() + size_t(cfg.max_tokens) * size_t(l->rb_) + 16);
     l->worker_scratch_.assign(l->worker_floats_ * size_t(l->ctx_->num_threads()), 0.0f);
   } catch (const std::bad_alloc&) {
     return MOEJIT_OUT_OF_MEMORY;

@@ -10,6 +10,7 @@
 
 #include "formats/formats.h"
 #include "moejit.h"
+#include "runtime/aligned_buffer.h"
 #include "runtime/context.h"
 #include "runtime/matmul.h"
 #include "runtime/plan.h"
@@ -45,9 +46,9 @@ class LinearLayer {
   Matmul mm_;
   int64_t rb_ = 16;  // rows per item (runtime/plan.h)
   int64_t nblk_ = 0;
-  std::vector<uint8_t> x_prep_;
+  AlignedBuffer<uint8_t> x_prep_;
   std::vector<uint16_t> x_rt_;  // ds_fp4: [cols], one token's x after the e4m3 round trip
-  std::vector<float> worker_scratch_;
+  AlignedBuffer<float> worker_scratch_;
   size_t worker_floats_ = 0;
   Job job_;
   int32_t tokens_ = 0;

@@ -96,7 +96,7 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
     size_t mm_floats = 0;
     for (int proj : {plan::kGate, plan::kUp, plan::kDown})
       if (p.has(proj)) mm_floats = std::max(mm_floats, m->mm_[proj].scratch_floats());
-    m->worker_floats_ = mm_floats + std::max(p1, p2) + 16;
+    m->worker_floats_ = aligned_elems<float>(mm_floats + std::max(p1, p2) + 16);
     m->worker_scratch_.assign(m->worker_floats_ * size_t(m->ctx_->num_threads()), 0.0f);
     m->expert_count_.assign(size_t(cfg.experts) + 1, 0);
     m->route_slot_.assign(R, 0);
