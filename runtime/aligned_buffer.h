@@ -17,6 +17,7 @@ class AlignedBuffer {
   static constexpr std::size_t kAlign = 64;
   // n elements, each v; throws std::bad_alloc, the buffer unchanged then.
   void assign(std::size_t n, const T& v) {
+    if (n > static_cast<std::size_t>(-1) / sizeof(T)) throw std::bad_alloc();
     Owned p(n ? static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(kAlign))) : nullptr);
     for (std::size_t i = 0; i < n; ++i) p.get()[i] = v;
     p_ = std::move(p);

@@ -64,6 +64,14 @@ TEST(AlignedBuffer, AFailedAssignKeepsTheOldContents) {
   EXPECT_EQ(b.data()[15], 9);
 }
 
+TEST(AlignedBuffer, ACountWhoseBytesOverflowIsRefused) {
+  AlignedBuffer<float> b;
+  b.assign(4, 3.0f);
+  EXPECT_THROW(b.assign((size_t(-1) / sizeof(float)) + 2, 0.0f), std::bad_alloc);
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(b.data()[3], 3.0f);
+}
+
 TEST(AlignedBuffer, AlignedElemsRoundsUpToWholeLines) {
   EXPECT_EQ(moejit::aligned_elems<float>(0), 0u);
   EXPECT_EQ(moejit::aligned_elems<float>(1), 16u);
