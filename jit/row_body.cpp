@@ -74,9 +74,9 @@ constexpr int kSparsePrefetchBytes = 1024;
 // of the unchunked kernel; only the order in which rows are visited changes.
 // Above 56 KiB of x chunking gained 1.1-1.5x on the K-quants there (K = 7168
 // with 2-7 tokens, K = 2048 with 7 but q5_K). With x 64-byte aligned (the
-// layers' buffers since 3eba768), one L1's worth is the line: above 48 KiB
-// (K = 2048 with 6 tokens, K = 4096 with 3) chunks gained 0.97-1.16x, at 35-44
-// KiB (4-5 tokens) they cost 2-10%, so those calls keep the row order.
+// layers' buffers since 3eba768) the line is the Xeons' 48 KiB of L1 data:
+// above it (K = 2048 with 6 tokens, K = 4096 with 3) chunks gained 0.97-1.16x,
+// at 35-44 KiB (4-5 tokens) they cost 2-10%, so those calls keep the row order.
 constexpr int64_t kChunkMinXBytes = 48 * 1024;  // a call's x above this is chunked
 constexpr int64_t kChunkXBytes = 16 * 1024;     // x of all tokens per chunk
 
