@@ -25,6 +25,7 @@ const CpuFeatures& host_features() {
     r.avx512dq = cpu.has(C::tAVX512DQ);
     r.avx512_bf16 = cpu.has(C::tAVX512_BF16);
     r.avx512_vbmi = cpu.has(C::tAVX512_VBMI);
+    r.intel = cpu.has(C::tINTEL);
     const std::pair<uint32_t, bool> bits[] = {{kAvx2, r.avx2},
                                               {kFma, r.fma},
                                               {kF16c, r.f16c},

@@ -1,9 +1,11 @@
-// The decoder base and the one place that picks a decode family for a key.
+// The decoder base, the one place that picks a decode family for a key, and the
+// facts the runtime reads from the decoders (VBMI, prefetch scheme, flags).
 #include "jit/decoders.h"
 
 #include <algorithm>
 
 #include "formats/formats.h"
+#include "jit/cpu.h"
 #include "jit/gemv.h"
 
 namespace moejit::jit {
@@ -96,6 +98,40 @@ std::unique_ptr<Decoder> make_decoder(const KernelKey& key) {
     case Format::q3_K: return make_kquant_decoder(key);
     default: return nullptr;
   }
+}
+
+namespace {
+
+KernelKey key_of(Isa isa, formats::Format format, uint32_t flags) {
+  KernelKey key;
+  key.isa = isa;
+  key.format = format;
+  key.flags = flags;
+  return key;
+}
+
+}  // namespace
+
+bool needs_vbmi(Isa isa, formats::Format format, uint32_t flags) {
+  const auto dec = make_decoder(key_of(isa, format, flags));
+  return dec && dec->needs_vbmi();
+}
+
+bool streams_with_prefetch(formats::Format format) {
+  const auto dec = make_decoder(key_of(Isa::avx512, format, 0));
+  return !dec || dec->streams_with_prefetch();
+}
+
+bool prefetches_far(formats::Format format, uint32_t flags) {
+  return (flags & kFlagLinePrefetch) || streams_with_prefetch(format);
+}
+
+uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
+  uint32_t flags = 0;
+  // Without AVX512_VBMI the avx512_bf16 tier decodes without byte tables.
+  if (needs_vbmi(isa, format, 0) && !host_features().avx512_vbmi) flags |= kFlagNoVbmi;
+  if (host_features().intel && !streams_with_prefetch(format)) flags |= kFlagLinePrefetch;
+  return flags;
 }
 
 bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags) {

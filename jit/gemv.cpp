@@ -28,21 +28,6 @@ bool format_has_decoder(formats::Format format) {
 
 }  // namespace
 
-bool needs_vbmi(Isa isa, formats::Format format, uint32_t flags) {
-  const auto dec = make_decoder(key_of(isa, format, flags));
-  return dec && dec->needs_vbmi();
-}
-
-bool streams_with_prefetch(formats::Format format) {
-  const auto dec = make_decoder(key_of(Isa::avx512, format, 0));
-  return !dec || dec->streams_with_prefetch();
-}
-
-uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
-  // Without AVX512_VBMI the avx512_bf16 tier decodes without byte tables.
-  return needs_vbmi(isa, format, 0) && !host_features().avx512_vbmi ? kFlagNoVbmi : 0;
-}
-
 int max_tokens_per_call(const KernelKey& key) {
   const auto dec = make_decoder(key);
   if (!dec) return 0;
@@ -100,8 +85,13 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "k is too large for 32-bit displacements";
     return false;
   }
-  if ((key.flags & ~kFlagNoVbmi) != 0) {
+  if ((key.flags & ~(kFlagNoVbmi | kFlagLinePrefetch)) != 0) {
     *why = "unknown kernel flags";
+    return false;
+  }
+  if ((key.flags & kFlagLinePrefetch) && dec->streams_with_prefetch()) {
+    *why = std::string("the line-prefetch flag is for formats the hardware prefetchers stream (bf16), not ") +
+           formats::format_name(f);
     return false;
   }
   if (dec->needs_vbmi() && !host_features().avx512_vbmi) {

@@ -37,6 +37,16 @@ using GemvFn = void (*)(const GemvArgs*);
 // through arithmetic and a blend instead of byte tables, q4_0 chunks through
 // four loads instead of a two-register byte permute. Other formats ignore it.
 constexpr uint32_t kFlagNoVbmi = 1;
+// Formats the hardware prefetchers stream (bf16, !streams_with_prefetch): the
+// kernels prefetch every line of a call ~kPrefetchBytes ahead, each with its
+// near twin, as the decoding formats do, instead of the next call (one line
+// per KiB of it with one token, every line with several). runtime_flags sets
+// it on Intel, where it reads more: on the 16-core Xeon, DeepSeek-V3 bf16 with
+// 16 threads and the row kernels, 1.2x at one token and 1.1x at 16; on the
+// 2-vCPU Xeon VM 1.12x and 1.08x (docs/PERFORMANCE.md). On Zen 4 one line per
+// KiB of the next call read more than a prefetch per line (4129b79), so AMD
+// keeps it. Other formats reject the flag (they always prefetch every line).
+constexpr uint32_t kFlagLinePrefetch = 2;
 
 // Whether a kernel's decode uses AVX512_VBMI: the vpermi2b byte tables of
 // 8-bit formats, and the vpermt2b that gathers a q4_0 chunk's quants.
@@ -45,8 +55,12 @@ bool needs_vbmi(Isa isa, formats::Format format, uint32_t flags);
 // Whether kernels of this format prefetch the weights of a call far ahead
 // (w_prefetch = a call ~kPrefetchBytes later, one prefetch per line) or the
 // next call (bf16: every line of it with several tokens, one line per KiB with
-// one token, where the hardware prefetchers do the rest). The decoder's fact.
+// one token, where the hardware prefetchers do the rest). The decoder's fact;
+// kFlagLinePrefetch gives a format without it the far prefetch.
 bool streams_with_prefetch(formats::Format format);
+// Whether a kernel with these flags prefetches a call far ahead (the plan's
+// prefetch distance follows it).
+bool prefetches_far(formats::Format format, uint32_t flags);
 
 // How the kernels of a format decode on a tier, in words (moejit-info).
 std::string decode_path(Isa isa, formats::Format format, uint32_t flags);
@@ -81,7 +95,8 @@ bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags = 0)
 Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags = 0);
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU
-// (kFlagNoVbmi where the byte tables cannot be used).
+// (kFlagNoVbmi where the byte tables cannot be used; kFlagLinePrefetch for
+// bf16 on Intel).
 uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group);
 
 // Largest tokens-per-call a generated kernel holds in registers: for the

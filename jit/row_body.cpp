@@ -119,8 +119,9 @@ class RowBody : public Generator {
         // without help (measured: cold = hot + DRAM time): they prefetch each
         // line of the next call, as the decoding formats do of a call
         // ~kPrefetchBytes ahead. Formats the hardware prefetchers stream (bf16)
-        // prefetch sparsely with one token (kSparsePrefetchBytes).
-        sparse_(!dec_->streams_with_prefetch() && key.tokens == 1) {
+        // prefetch sparsely with one token (kSparsePrefetchBytes), except with
+        // kFlagLinePrefetch (Intel), where they prefetch as the others do.
+        sparse_(!dec_->streams_with_prefetch() && !(key.flags & kFlagLinePrefetch) && key.tokens == 1) {
     unroll_ = scaled_ ? std::max(plan_.nt, kChunk / shape_.block) : 1;
     const int64_t nfull = key.k / shape_.block;
     if (sparse_ && nfull > 0 && nfull * (shape_.block / shape_.vec_elems) <= kMaxRowUnrollVectors)

@@ -42,7 +42,7 @@ int64_t MatrixPlan::matrix_bytes() const {
   return b;
 }
 
-bool MatrixPlan::far_prefetch() const { return jit::streams_with_prefetch(layout.format); }
+bool MatrixPlan::far_prefetch() const { return jit::prefetches_far(layout.format, flags); }
 
 MatrixPlan matrix_plan(const Target& t, const ProjFormat& f, int64_t rows, int64_t k, int64_t scale_stride) {
   MatrixPlan m;

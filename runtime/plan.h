@@ -20,7 +20,8 @@ struct ProjFormat {
 };
 
 // Where the kernels run. Kernel flags also follow the CPU (kFlagNoVbmi without
-// AVX512_VBMI, jit::runtime_flags): the one input that is not the caller's.
+// AVX512_VBMI, kFlagLinePrefetch for bf16 on Intel, jit::runtime_flags): the
+// one input that is not the caller's.
 struct Target {
   jit::Isa isa = jit::Isa::avx2;
   int32_t threads = 1;   // workers of the context: row blocks keep every worker busy
@@ -48,7 +49,8 @@ struct MatrixPlan {
   int64_t call_bytes(int64_t n) const { return n * formats::row_bytes(layout.format, layout.k); }
   // Weight + scale bytes of the whole matrix (dense scales, nvfp4 row globals).
   int64_t matrix_bytes() const;
-  // Whether its kernels prefetch a call far ahead (bf16 prefetches the next one).
+  // Whether its kernels prefetch a call far ahead (bf16 prefetches the next
+  // one, except with kFlagLinePrefetch).
   bool far_prefetch() const;
 };
 

@@ -120,6 +120,21 @@ std::vector<jit::KernelKey> all_keys() {
             }
           }
       }
+  // bf16 with kFlagLinePrefetch (Intel's choice, after the K-quants): the
+  // one-token row kernels, the only ones the flag changes (rows not unrolled,
+  // a prefetch per line).
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16})
+    for (int k : {1, 13, 100, 768, 1000, 2048, 7168})
+      for (int rows : rows_list) {
+        jit::KernelKey key;
+        key.format = Format::bf16;
+        key.k = k;
+        key.rows = rows;
+        key.tokens = 1;
+        key.isa = isa;
+        key.flags = jit::kFlagLinePrefetch;
+        keys.push_back(key);
+      }
   return keys;
 }
 

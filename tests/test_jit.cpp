@@ -342,6 +342,71 @@ TEST(Decoders, LoadWidenIntoAnyRegistersAndRows) {
   EXPECT_GT(checked, 8);
 }
 
+// kFlagLinePrefetch (bf16 on Intel, jit/gemv.h) changes how a kernel
+// prefetches, never what it computes: with and without it the kernels give the
+// same bits on every tier this CPU runs, for one token and several, while the
+// one-token row kernels are different code. Other formats reject it, and the
+// runtime sets it on Intel only, for bf16 only.
+TEST(LinePrefetch, SameBitsDifferentCode) {
+  moejit_test::Rng rng(29);
+  int checked = 0;
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16, jit::Isa::avx512_amx}) {
+    if (!jit::isa_available(isa)) continue;
+    for (int k : {1000, 2048, 7168})
+      for (int tokens : {1, 2}) {  // avx2 takes two bf16 tokens per call
+        const int rows = 17;
+        Bank b = make_bank(Format::bf16, ScaleDtype::bf16, rows, k, rng);
+        std::vector<float> x(size_t(k) * size_t(tokens));
+        for (float& v : x) v = float(int(rng() % 255) - 127) / 64.0f;  // exact in bf16
+        jit::KernelKey sparse = make_key({isa, 0, ""}, Format::bf16, ScaleDtype::bf16, k, rows, tokens);
+        jit::KernelKey line = sparse;
+        line.flags = jit::kFlagLinePrefetch;
+        EXPECT_NE(sparse.name(), line.name());
+        std::string err;
+        auto ks = jit::global_cache().get(sparse, &err);
+        ASSERT_TRUE(ks) << sparse.name() << ": " << err;
+        auto kl = jit::global_cache().get(line, &err);
+        ASSERT_TRUE(kl) << line.name() << ": " << err;
+        const std::vector<float> ys = run_kernel(*ks, b, x), yl = run_kernel(*kl, b, x);
+        ASSERT_EQ(ys.size(), yl.size());
+        EXPECT_EQ(std::memcmp(ys.data(), yl.data(), ys.size() * 4), 0) << line.name();
+        if (tokens == 1 &&
+            isa != jit::Isa::avx512_amx) {  // the row body: unrolled rows and one prefetch per KiB, or not
+          const bool same =
+              ks->code_size() == kl->code_size() && std::memcmp(ks->code(), kl->code(), ks->code_size()) == 0;
+          EXPECT_FALSE(same) << line.name() << " is the same code as " << sparse.name();
+        }
+        ++checked;
+      }
+  }
+  if (checked == 0) GTEST_SKIP() << "this CPU has no JIT tier";
+}
+
+TEST(LinePrefetch, OnlyForBf16AndOnIntel) {
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16, jit::Isa::avx512_amx})
+    for (int32_t id = 0; id <= fmt::kMaxFormatId; ++id) {
+      const Format f = Format(id);
+      if (!fmt::known_format(id)) continue;
+      const bool hw = !jit::streams_with_prefetch(f);
+      EXPECT_EQ(hw, f == Format::bf16) << fmt::info(f).name;
+      const uint32_t flags = jit::runtime_flags(isa, f, fmt::default_group(f, 0));
+      EXPECT_EQ((flags & jit::kFlagLinePrefetch) != 0, hw && jit::host_features().intel)
+          << fmt::info(f).name << " on " << jit::isa_name(isa);
+      EXPECT_EQ(jit::prefetches_far(f, flags), !hw || (flags & jit::kFlagLinePrefetch));
+      EXPECT_TRUE(jit::prefetches_far(f, jit::kFlagLinePrefetch));
+    }
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16}) {
+    if (!jit::isa_available(isa)) continue;
+    for (Format f : {Format::fp8_block, Format::q4_K}) {
+      jit::KernelKey key = make_key({isa, jit::kFlagLinePrefetch, ""}, f, ScaleDtype::bf16, 256, 4, 1);
+      if (f == Format::q4_K) key.group = 256;
+      std::string why;
+      EXPECT_FALSE(jit::gemv_supported(key, &why)) << key.name();
+      EXPECT_NE(why.find("line-prefetch flag"), std::string::npos) << why;
+    }
+  }
+}
+
 TEST(KernelKey, NameHashEquality) {
   jit::KernelKey a;
   a.format = Format::fp8_block;

@@ -341,13 +341,35 @@ INSTANTIATE_TEST_SUITE_P(All, TierListing, ::testing::ValuesIn(tier_cases()),
                            return std::string(i.param.name);
                          });
 
+// The plan carries the CPU's streaming choice for bf16 (jit::runtime_flags):
+// on Intel its kernels take kFlagLinePrefetch and the layer prefetches a call
+// about kPrefetchBytes ahead, elsewhere the next call. Other formats always
+// prefetch far ahead and never take the flag.
+TEST(Plan, Bf16LinePrefetchFollowsTheCpu) {
+  const bool intel = jit::host_features().intel;
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16, jit::Isa::avx512_amx}) {
+    plan::Target t;
+    t.isa = isa;
+    const plan::MatrixPlan b = plan::matrix_plan(t, {Format::bf16}, 64, 2048, 0);
+    EXPECT_EQ((b.flags & jit::kFlagLinePrefetch) != 0, intel) << jit::isa_name(isa);
+    EXPECT_EQ(b.far_prefetch(), intel) << jit::isa_name(isa);
+    EXPECT_EQ((b.key(32, 1).flags & jit::kFlagLinePrefetch) != 0, intel) << jit::isa_name(isa);
+    for (Format f : {Format::fp8_block, Format::q4_K, Format::mxfp4}) {
+      const plan::MatrixPlan m = plan::matrix_plan(t, {f}, 64, 2048, 0);
+      EXPECT_EQ(m.flags & jit::kFlagLinePrefetch, 0u) << jit::isa_name(isa);
+      EXPECT_TRUE(m.far_prefetch()) << jit::isa_name(isa);
+    }
+  }
+}
+
 // Every prefetch of a later call's line (base + distance register) is paired
 // with one of the same offset kNearPrefetchBytes ahead in the call's own stream
 // (base only), and the later call's lines are covered with no gap: offsets 0,
-// s, 2s, ... with s = 64 (one per line) or 1024 (bf16, one token, row body).
-// Tile kernels (avx512_amx) read 16 rows at once and have no near prefetch:
-// row r's offsets are r * row_bytes + 0, 64, ... for each of the call's rows.
-// On an AMX host the row body runs too, as avx512_bf16.
+// s, 2s, ... with s = 64 (one per line) or 1024 (bf16, one token, row body,
+// without kFlagLinePrefetch). Tile kernels (avx512_amx) read 16 rows at once
+// and have no near prefetch: row r's offsets are r * row_bytes + 0, 64, ...
+// for each of the call's rows. On an AMX host the row body runs too, as
+// avx512_bf16.
 TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
   if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
   const jit::Isa host = jit::host_isa();
@@ -357,11 +379,14 @@ TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
     int64_t k;
     int tokens;
     int64_t stride;
+    uint32_t line_prefetch;  // kFlagLinePrefetch or 0, in place of the host's choice
   };
-  const Case cases[] = {{Format::fp8_block, 1000, 1, 64}, {Format::fp8_block, 2048, 4, 64},
-                        {Format::q8_0, 1024, 1, 64},      {Format::mxfp4, 2880, 1, 64},
-                        {Format::q4_0, 768, 2, 64},       {Format::bf16, 2048, 1, 1024},
-                        {Format::bf16, 1000, 3, 64}};
+  const uint32_t lp = jit::kFlagLinePrefetch;
+  const Case cases[] = {{Format::fp8_block, 1000, 1, 64, 0}, {Format::fp8_block, 2048, 4, 64, 0},
+                        {Format::q8_0, 1024, 1, 64, 0},      {Format::mxfp4, 2880, 1, 64, 0},
+                        {Format::q4_0, 768, 2, 64, 0},       {Format::bf16, 2048, 1, 1024, 0},
+                        {Format::bf16, 2048, 1, 64, lp},     {Format::bf16, 1000, 3, 64, 0},
+                        {Format::bf16, 1000, 3, 64, lp}};
   const std::regex far_re(R"(prefetcht1 \[(r\w+)\+(r\w+)\*1(?:\+0x([0-9a-f]+))?\])");
   const std::regex near_re(R"(prefetcht1 \[(r\w+)\+0x([0-9a-f]+)\])");
   std::vector<jit::Isa> isas = {host};
@@ -369,7 +394,8 @@ TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
   const int rows = 3;
   for (jit::Isa isa : isas)
     for (const Case& c : cases) {
-      const jit::KernelKey key = runtime_key(c.format, c.k, isa, rows, c.tokens);
+      jit::KernelKey key = runtime_key(c.format, c.k, isa, rows, c.tokens);
+      key.flags = (key.flags & ~lp) | c.line_prefetch;
       std::string err, listing;
       auto k = jit::global_cache().get(key, &err);
       ASSERT_TRUE(k) << key.name() << ": " << err;

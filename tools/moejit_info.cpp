@@ -163,7 +163,12 @@ std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) 
   const J::Isa kernels =
       J::kernel_isa(tier, kf, moejit::formats::default_group(f, 0), vbmi ? 0 : J::kFlagNoVbmi);
   const uint32_t flags = kernels == J::Isa::avx512_bf16 && !vbmi ? J::kFlagNoVbmi : 0;
-  const std::string path = J::decode_path(kernels, kf, flags);
+  std::string path = J::decode_path(kernels, kf, flags);
+  // How formats the hardware prefetchers stream (bf16) prefetch on this CPU (jit/gemv.h).
+  if (!J::streams_with_prefetch(kf))
+    path += J::runtime_flags(kernels, kf, 0) & J::kFlagLinePrefetch
+                ? "; prefetch: every line ~128 KiB ahead (Intel)"
+                : "; prefetch: the next call (one line per KiB of it with one token)";
   // A tier without kernels of its own for the format runs its vector tier's
   // (avx512_amx: the formats without a tile decode, docs/FORMATS.md).
   return kernels == tier ? path : std::string(J::isa_name(kernels)) + " kernels: " + path;
