@@ -848,6 +848,17 @@ TEST(InfoTool, ReportsWhatTheLibraryRuns) {
   EXPECT_NE(r.out.find("  fp8_block   " + host), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  bf16        " + host), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  nvfp4       " + host), std::string::npos) << r.out;
+  if (moejit_host_isa() != MOEJIT_ISA_SCALAR) {  // bf16's prefetch scheme on this CPU (kFlagLinePrefetch)
+    const size_t b = r.out.find("  bf16        "), e = r.out.find('\n', b);
+    ASSERT_NE(b, std::string::npos) << r.out;
+    const std::string line = r.out.substr(b, e - b);
+    EXPECT_NE(line.find(jit::host_features().intel ? "prefetch: every line ~128 KiB ahead (Intel)"
+                                                   : "prefetch: the next call"),
+              std::string::npos)
+        << line;
+    const size_t f = r.out.find("  fp8_block   ");
+    EXPECT_EQ(r.out.substr(f, r.out.find('\n', f) - f).find("prefetch:"), std::string::npos);
+  }
   for (const char* v :
        {"MOEJIT_MAX_ISA", "MOEJIT_DEDUP", "MOEJIT_DEDUP_DEBUG", "MOEJIT_DUMP_DIR", "MOEJIT_PERF_MAP"})
     EXPECT_NE(r.out.find(v), std::string::npos) << v;
