@@ -42,7 +42,7 @@ constexpr uint32_t kFlagNoVbmi = 1;
 // near twin, as the decoding formats do, instead of the next call (one line
 // per KiB of it with one token, every line with several). runtime_flags sets
 // it on Intel, where it reads more: on the 16-core Xeon, DeepSeek-V3 bf16 with
-// 16 threads and the row kernels, 1.2x at one token and 1.1x at 16; on the
+// 16 threads and the row kernels, 1.19x at one token and 1.18x at 16; on the
 // 2-vCPU Xeon VM 1.12x and 1.08x (docs/PERFORMANCE.md). On Zen 4 one line per
 // KiB of the next call read more than a prefetch per line (4129b79), so AMD
 // keeps it. Other formats reject the flag (they always prefetch every line).
