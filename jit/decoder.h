@@ -234,5 +234,13 @@ class Decoder : public DecodePart {
 // format, the tier and the flags. Null when no generated kernel decodes the
 // format on that tier.
 std::unique_ptr<Decoder> make_decoder(const KernelKey& key);
+// A key with only the tier, format and flags set: enough to ask a decoder its facts.
+inline KernelKey decoder_key(Isa isa, formats::Format format, uint32_t flags) {
+  KernelKey key;
+  key.isa = isa;
+  key.format = format;
+  key.flags = flags;
+  return key;
+}
 
 }  // namespace moejit::jit

@@ -100,25 +100,13 @@ std::unique_ptr<Decoder> make_decoder(const KernelKey& key) {
   }
 }
 
-namespace {
-
-KernelKey key_of(Isa isa, formats::Format format, uint32_t flags) {
-  KernelKey key;
-  key.isa = isa;
-  key.format = format;
-  key.flags = flags;
-  return key;
-}
-
-}  // namespace
-
 bool needs_vbmi(Isa isa, formats::Format format, uint32_t flags) {
-  const auto dec = make_decoder(key_of(isa, format, flags));
+  const auto dec = make_decoder(decoder_key(isa, format, flags));
   return dec && dec->needs_vbmi();
 }
 
 bool streams_with_prefetch(formats::Format format) {
-  const auto dec = make_decoder(key_of(Isa::avx512, format, 0));
+  const auto dec = make_decoder(decoder_key(Isa::avx512, format, 0));
   return !dec || dec->streams_with_prefetch();
 }
 

@@ -13,17 +13,9 @@ namespace moejit::jit {
 
 namespace {
 
-KernelKey key_of(Isa isa, formats::Format format, uint32_t flags) {
-  KernelKey key;
-  key.isa = isa;
-  key.format = format;
-  key.flags = flags;
-  return key;
-}
-
 // Whether some tier has a decoder for the format.
 bool format_has_decoder(formats::Format format) {
-  return make_decoder(key_of(Isa::avx512, format, 0)) != nullptr;
+  return make_decoder(decoder_key(Isa::avx512, format, 0)) != nullptr;
 }
 
 }  // namespace
@@ -39,7 +31,7 @@ int max_tokens_per_call(Isa isa, formats::Format format) {
   int m = 1 << 30;
   for (int32_t group : {16, 32, 64, 128})
     for (uint32_t flags : {0u, kFlagNoVbmi}) {
-      KernelKey k = key_of(isa, format, flags);
+      KernelKey k = decoder_key(isa, format, flags);
       k.group = group;
       const int t = max_tokens_per_call(k);
       if (t > 0) m = std::min(m, t);  // 0: no kernel with these flags or group (the tile tier)
