@@ -22,6 +22,7 @@
 #include "jit/gemv.h"
 #include "jit/tiers.h"
 #include "moejit.h"
+#include "runtime/matmul.h"  // kPrefetchBytes
 
 namespace {
 
@@ -167,8 +168,9 @@ std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) 
   // How formats the hardware prefetchers stream (bf16) prefetch on this CPU (jit/gemv.h).
   if (!J::streams_with_prefetch(kf))
     path += J::runtime_flags(kernels, kf, 0) & J::kFlagLinePrefetch
-                ? "; prefetch: every line ~128 KiB ahead (Intel)"
-                : "; prefetch: the next call (one line per KiB of it with one token)";
+                ? "; prefetch: every line ~" + std::to_string(moejit::kPrefetchBytes / 1024) +
+                      " KiB ahead (Intel)"
+                : std::string("; prefetch: the next call (one line per KiB of it with one token)");
   // A tier without kernels of its own for the format runs its vector tier's
   // (avx512_amx: the formats without a tile decode, docs/FORMATS.md).
   return kernels == tier ? path : std::string(J::isa_name(kernels)) + " kernels: " + path;
