@@ -1,8 +1,9 @@
 // The tile body: blocks of 16 weight rows. For each step of K the decoder
 // widens each row's weights into bf16 vectors, stored as the rows of a 1 KiB
 // tile buffer in L1 (bf16 weights are the A tiles as they lie: tileloadd with
-// the row stride, tails aside); the activations of up to 16 tokens are the B
-// tiles (XPrep's tile layout: 16 element pairs x 16 tokens per chunk of 32);
+// the row stride, tails aside); the activations of the call's M <= 16 tokens
+// are the B tiles (XPrep's tile layout: a run of 16 element pairs x M tokens
+// per chunk of 32, so a chunk is M lines: one with one token);
 // tdpbf16ps accumulates a C tile of 16 rows x M tokens. Scaled formats store
 // C after each scale group and add it, times each row's scale, to 16 running
 // totals (one zmm per row, lanes = tokens). A block ends with a 16 x 16
@@ -70,7 +71,7 @@ class TileBody : public Generator {
   // ---- register roles ----
   const Reg64 reg_w = rsi;     // weights of the current block's first row
   const Reg64 reg_y = rdx;     // y of the current block
-  const Reg64 reg_x = rcx;     // B tiles: x of the call's first token (XPrep::slot_ptr)
+  const Reg64 reg_bs = rcx;    // 4 M: the row stride of B tiles (x is on the stack, x_off())
   const Reg64 reg_s0 = r8;     // scale row of the block's first row
   const Reg64 reg_wk = r9;     // weight cursor along K
   const Reg64 reg_xk = r10;    // activation cursor along K
@@ -81,7 +82,7 @@ class TileBody : public Generator {
   const Reg64 reg_pfd = r13;   // w_prefetch - w (callee-saved)
   const Reg64 reg_aux = r14;   // the decoder's (callee-saved)
   const Reg64 reg_g = r15;     // per-row globals of the current block (callee-saved)
-  const Reg64 reg_s64 = rdi;   // 64: the row stride of B tiles and tile buffers (reg_args before)
+  const Reg64 reg_s64 = rdi;   // 64: the row stride of tile buffers (reg_args before)
   const Reg64 reg_rb = rbp;    // the weights' row stride, for A tiles read in place (callee-saved)
   const Opmask k_tail = k1;
 
@@ -115,6 +116,7 @@ class TileBody : public Generator {
   int abuf_off(int set, int v) const { return rule_bytes() + (set * nvec_ + v) * kTileBytes; }
   int cbuf_off(int i) const { return rule_bytes() + 2 * nvec_ * kTileBytes + i * kTileBytes; }
   int saved_rsp_off() const { return rule_bytes() + (2 * nvec_ + 2) * kTileBytes; }
+  int x_off() const { return saved_rsp_off() + 8; }  // the kernel's x: B tiles of the call's run
   int body_bytes() const { return (2 * nvec_ + 2) * kTileBytes + 64; }
 
   void emit_body();
@@ -148,6 +150,10 @@ class TileBody : public Generator {
     kmovq(k_tail, reg_tmp);
   }
   int scale_bytes() const { return rule_ ? rule_->block_bytes() : 0; }
+  // x of the call's M tokens (XPrep, tile layouts): a B tile of 16 element
+  // pairs x M tokens per chunk of 32 elements, its rows packed.
+  int b_row_bytes() const { return 4 * key_.tokens; }
+  int b_chunk_bytes() const { return 16 * b_row_bytes(); }
 
   KernelKey key_;
   std::unique_ptr<Decoder> dec_;
@@ -177,13 +183,14 @@ void TileBody::emit_body() {
   mov(reg_s0, ptr[reg_args + offsetof(GemvArgs, scales)]);
   if (dec_->row_globals()) mov(reg_g, ptr[reg_args + offsetof(GemvArgs, row_scales)]);
   if (rule_) rule_->load_args();
-  mov(reg_x, ptr[reg_args + offsetof(GemvArgs, x)]);
   mov(reg_y, ptr[reg_args + offsetof(GemvArgs, y)]);
   // A 64-byte aligned area above the rule's: tile buffers, C stores, the caller's rsp.
   mov(reg_kb, rsp);
   and_(rsp, -64);
   sub(rsp, body_bytes());  // the rule's prologue allocates its own bytes below
   mov(ptr[rsp + saved_rsp_off() - rule_bytes()], reg_kb);
+  mov(reg_kb, ptr[reg_args + offsetof(GemvArgs, x)]);
+  mov(ptr[rsp + x_off() - rule_bytes()], reg_kb);
   ldtilecfg(ptr[rip + l_cfg_]);
   // The lanes past the call's tokens of the C stores stay zero (no denormal
   // garbage reaches the FMAs).
@@ -192,6 +199,7 @@ void TileBody::emit_body() {
     for (int r = 0; r < kRows; ++r) vmovups(ptr[rsp + cbuf_off(i) - rule_bytes() + 64 * r], v_tmp());
   if (rule_) rule_->prologue();
   mov(reg_s64, 64);
+  mov(reg_bs, b_row_bytes());
   mov(reg_rb, row_bytes_);
 
   const int64_t full = key_.rows / kRows;
@@ -253,7 +261,7 @@ void TileBody::emit_rows(int n) {
   cur_ = 0;
   pending_ = false;
   mov(reg_wk, reg_w);
-  mov(reg_xk, reg_x);
+  mov(reg_xk, ptr[rsp + x_off()]);
   mov(reg_sk, rule_ ? rule_->row_cursor() : reg_s0);
 
   const int block_bytes = dec_->block_bytes();
@@ -278,7 +286,7 @@ void TileBody::emit_rows(int n) {
     finish_prefetch_span(n);
     set_disp(0);
     add(reg_wk, unroll_ * block_bytes);
-    add(reg_xk, unroll_ * shape_.block / 32 * kTileBytes);
+    add(reg_xk, unroll_ * shape_.block / 32 * b_chunk_bytes());
     if (scale_bytes() > 0) add(reg_sk, unroll_ * scale_bytes());
     dec(reg_kb);
     jnz(l_k, T_NEAR);
@@ -327,7 +335,7 @@ void TileBody::emit_step(int off, int cnt, int n) {
       tileloadd(a, ptr[reg_wk + reg_rb + (dw_ + dec_->elem_byte(off + 32 * v))]);
     else
       tileloadd(a, ptr[rsp + reg_s64 + abuf_off(set_, v)]);
-    tileloadd(tmm_b[v % 2], ptr[reg_xk + reg_s64 + ((dx_ + off) / 32 + v) * kTileBytes]);
+    tileloadd(tmm_b[v % 2], ptr[reg_xk + reg_bs + ((dx_ + off) / 32 + v) * b_chunk_bytes()]);
     tdpbf16ps(tmm_c[cur_], a, tmm_b[v % 2]);
     pending_ = true;
     if (rule_ && (off + 32 * (v + 1)) % group == 0) flush_group((off + 32 * v) / group, n);

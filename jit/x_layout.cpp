@@ -74,51 +74,39 @@ void XPrep::store(void* vec, int64_t k0, const float* v, int64_t n) const {
 
 // ---- buffers of token slots ----
 
-int64_t XPrep::buffer_bytes(int64_t k, int64_t slots) const {
-  if (!tiled()) return slots * vector_bytes(k);
-  return (slots + kTileSlots - 1) / kTileSlots * kTileSlots * vector_bytes(k);
+namespace {
+uint8_t* run_base(void* buf, int64_t run, int64_t vb) { return static_cast<uint8_t*>(buf) + run * vb; }
+}  // namespace
+
+void XPrep::prepare_slot(void* buf, Slot s, const uint16_t* src, int64_t k) const {
+  const int64_t vb = vector_bytes(k);
+  if (!tiled()) return prepare(run_base(buf, s.run + s.col, vb), src, k);
+  uint8_t* b = run_base(buf, s.run, vb);
+  for (int64_t i = 0; i < k; ++i) std::memcpy(b + tile_byte(i, s.width, s.col), &src[i], 2);
 }
 
-const void* XPrep::slot_ptr(const void* buf, int64_t k, int64_t slot) const {
-  const auto* b = static_cast<const uint8_t*>(buf);
-  if (!tiled()) return b + slot * vector_bytes(k);
-  return b + slot / kTileSlots * kTileSlots * vector_bytes(k) + slot % kTileSlots * 4;
-}
-
-void XPrep::prepare_slot(void* buf, int64_t slot, const uint16_t* src, int64_t k) const {
-  if (!tiled()) return prepare(static_cast<uint8_t*>(buf) + slot * vector_bytes(k), src, k);
-  auto* b = static_cast<uint8_t*>(buf) + slot / kTileSlots * kTileSlots * vector_bytes(k);
-  for (int64_t i = 0; i < k; ++i) std::memcpy(b + tile_byte(i, slot % kTileSlots), &src[i], 2);
-}
-
-void XPrep::store_slot(void* buf, int64_t slot, int64_t k, int64_t k0, const float* v, int64_t n) const {
-  if (!tiled()) return store(static_cast<uint8_t*>(buf) + slot * vector_bytes(k), k0, v, n);
-  auto* b = static_cast<uint8_t*>(buf) + slot / kTileSlots * kTileSlots * vector_bytes(k);
+void XPrep::store_slot(void* buf, Slot s, int64_t k, int64_t k0, const float* v, int64_t n) const {
+  const int64_t vb = vector_bytes(k);
+  if (!tiled()) return store(run_base(buf, s.run + s.col, vb), k0, v, n);
+  uint8_t* b = run_base(buf, s.run, vb);
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t h = formats::f32_to_bf16(v[i]);
-    std::memcpy(b + tile_byte(k0 + i, slot % kTileSlots), &h, 2);
+    std::memcpy(b + tile_byte(k0 + i, s.width, s.col), &h, 2);
   }
 }
 
-void XPrep::copy_slot(void* dst, int64_t dslot, const void* src, int64_t sslot, int64_t k) const {
+void XPrep::copy_slot(void* dst, Slot to, const void* src, Slot from, int64_t k) const {
   const int64_t vb = vector_bytes(k);
+  const auto* sb = static_cast<const uint8_t*>(src);
   if (!tiled()) {
-    std::memcpy(static_cast<uint8_t*>(dst) + dslot * vb, static_cast<const uint8_t*>(src) + sslot * vb,
-                size_t(vb));
+    std::memcpy(run_base(dst, to.run + to.col, vb), sb + (from.run + from.col) * vb, size_t(vb));
     return;
   }
-  // One dword (an element pair) per 64-byte row of each block.
-  auto* d = static_cast<uint8_t*>(dst) + dslot / kTileSlots * kTileSlots * vb + dslot % kTileSlots * 4;
-  const auto* s =
-      static_cast<const uint8_t*>(src) + sslot / kTileSlots * kTileSlots * vb + sslot % kTileSlots * 4;
-  for (int64_t row = 0; row < vb / 4; ++row) std::memcpy(d + row * 64, s + row * 64, 4);
-}
-
-int64_t XPrep::run_slot(int64_t next, int64_t count) const {
-  if (!tiled() || count <= 0) return next;
-  const int64_t at = next % kTileSlots;
-  const auto blocks = [](int64_t n) { return (n + kTileSlots - 1) / kTileSlots; };
-  return blocks(at + count) > blocks(count) ? next - at + kTileSlots : next;
+  // One dword (an element pair) per 4 * width bytes of each run.
+  uint8_t* d = run_base(dst, to.run, vb) + 4 * to.col;
+  const uint8_t* s = sb + from.run * vb + 4 * from.col;
+  for (int64_t pair = 0; pair < vb / 4; ++pair)
+    std::memcpy(d + pair * 4 * to.width, s + pair * 4 * from.width, 4);
 }
 
 }  // namespace moejit::jit

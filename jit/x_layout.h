@@ -4,6 +4,7 @@
 // chooses its layout (x_prep(), defined with the decoders). No Xbyak here.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -92,36 +93,47 @@ class XPrep {
   void store(void* vec, int64_t k0, const float* v, int64_t n) const;
 
   // ---- buffers of token slots ----
-  // A buffer holds the prepared x of several tokens, one per slot. Per-token
-  // layouts give slot s the vector at s * vector_bytes(k). Tile layouts
-  // (avx512_amx) hold 16 slots per block of vector_bytes(k) * 16 bytes: chunk c
-  // of 32 slots (positions) is 1 KiB at c * 1024, of 16 rows (element pairs) of
-  // 64 bytes, one dword per slot: the B tile of tdpbf16ps for up to 16 tokens.
-  // Tile layouts hold no sums of x (no decode with sums has a tile form).
-  static constexpr int kTileSlots = 16;
+  // A buffer holds the prepared x of several tokens, vector_bytes(k) bytes per
+  // slot. A kernel call reads one run: the tokens in slots run .. run + width - 1.
+  // Per-token layouts give slot s the vector at s * vector_bytes(k). Tile
+  // layouts (avx512_amx) interleave a run's tokens in its width * vector_bytes(k)
+  // bytes: chunk c of 32 positions is 64 * width bytes at c * 64 * width, as
+  // 16 rows (element pairs) of 4 * width bytes, one dword per token: the B tile
+  // of tdpbf16ps for the run, `width` lines of it per chunk. A run of one token
+  // is its vector in natural order. Tile layouts hold no sums of x (no decode
+  // with sums has a tile form).
+  static constexpr int kTileSlots = 16;  // the most tokens of a run in a tile layout
+  struct Slot {
+    int64_t run = 0;  // first slot of the run
+    int width = 1;    // tokens of the run
+    int col = 0;      // this token's place in it
+  };
   bool tiled() const { return isa_ == Isa::avx512_amx; }
+  // Token i of a group of `count` tokens from slot `first`, whose kernel calls
+  // take runs of kTileSlots tokens (the last one shorter) in a tile layout and
+  // one token each otherwise (Matmul::run makes its calls so).
+  Slot group_slot(int64_t first, int64_t count, int64_t i) const {
+    if (!tiled()) return {first + i, 1, 0};
+    const int64_t r = i / kTileSlots * kTileSlots;
+    return {first + r, int(std::min<int64_t>(kTileSlots, count - r)), int(i - r)};
+  }
   // Bytes of a buffer of `slots` slots.
-  int64_t buffer_bytes(int64_t k, int64_t slots) const;
-  // The kernel's x argument for tokens from `slot` on (a call never crosses a
-  // block of kTileSlots in a tile layout).
-  const void* slot_ptr(const void* buf, int64_t k, int64_t slot) const;
-  // prepare() and store() into slot `slot` of a buffer.
-  void prepare_slot(void* buf, int64_t slot, const uint16_t* src, int64_t k) const;
-  void store_slot(void* buf, int64_t slot, int64_t k, int64_t k0, const float* v, int64_t n) const;
-  // Slot `sslot` of buffer `src` to slot `dslot` of `dst`.
-  void copy_slot(void* dst, int64_t dslot, const void* src, int64_t sslot, int64_t k) const;
-  // Where a run of `count` tokens (one kernel call's, tiled by kTileSlots)
-  // starts when slots from `next` on are free: tile layouts skip to the next
-  // block when that saves a call. Runs of `total` tokens need at most
-  // max_slots(total) slots (a skip wastes fewer slots than its run holds).
-  int64_t run_slot(int64_t next, int64_t count) const;
-  int64_t max_slots(int64_t total) const { return tiled() ? 2 * total : total; }
+  int64_t buffer_bytes(int64_t k, int64_t slots) const { return slots * vector_bytes(k); }
+  // The kernel's x argument for the run from `slot`.
+  const void* slot_ptr(const void* buf, int64_t k, int64_t slot) const {
+    return static_cast<const uint8_t*>(buf) + slot * vector_bytes(k);
+  }
+  // prepare() and store() into slot s of a buffer.
+  void prepare_slot(void* buf, Slot s, const uint16_t* src, int64_t k) const;
+  void store_slot(void* buf, Slot s, int64_t k, int64_t k0, const float* v, int64_t n) const;
+  // Slot `from` of buffer `src` to slot `to` of `dst`.
+  void copy_slot(void* dst, Slot to, const void* src, Slot from, int64_t k) const;
 
  private:
-  // Byte of activation k of slot `col` in a tile layout's block.
-  int64_t tile_byte(int64_t k, int64_t col) const {
-    const int64_t p = slot(k);
-    return (p >> 5) * 1024 + ((p & 31) >> 1) * 64 + col * 4 + (p & 1) * 2;
+  // Byte of activation k of token `col` of a run of `width` tokens in a tile layout.
+  int64_t tile_byte(int64_t k, int width, int col) const {
+    const int64_t p = slot(k);  // pair p / 2 of the run
+    return (p >> 1) * 4 * width + col * 4 + (p & 1) * 2;
   }
   // Slot of activation k in the layout's order, sums aside.
   int64_t slot(int64_t k) const {

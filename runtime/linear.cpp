@@ -56,7 +56,7 @@ moejit_status LinearLayer::submit(int32_t T, const uint16_t* x, void* y, bool sy
       ds_act_roundtrip_n(xt, cfg_.cols, x_rt_.data(), ctx_->isa());
       xt = x_rt_.data();
     }
-    mm_.x_prepare(x_prep_.data(), t, xt);
+    mm_.x_prepare(x_prep_.data(), mm_.xprep().group_slot(0, T, t), xt);
   }
   job_.counts[0] = nblk_;
   ctx_->launch(&job_, sync);

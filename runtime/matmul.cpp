@@ -44,10 +44,11 @@ void Matmul::run(const formats::MatrixRef& m, int64_t r0, int64_t n, int tokens,
   const int64_t rb = formats::row_bytes(layout_.format, layout_.k);
   const int64_t sb = formats::scale_elem_bytes(layout_.format, layout_.scale_dtype);
   for (int t0 = 0, mc = 0; t0 < tokens; t0 += mc) {
-    // A call's tokens never cross a block of tile slots.
+    // A tile layout's call takes one run of the group (XPrep::group_slot):
+    // kTileSlots tokens, fewer at the end. Tile kernels take 16 tokens, or all
+    // of the layer's (max_m_ >= mc).
     const int64_t slot = slot0 + t0;
-    mc = std::min(max_m_, tokens - t0);
-    if (xprep_.tiled()) mc = std::min<int>(mc, int(jit::XPrep::kTileSlots - slot % jit::XPrep::kTileSlots));
+    mc = xprep_.tiled() ? xprep_.group_slot(slot0, tokens, t0).width : std::min(max_m_, tokens - t0);
     for (int64_t r = r0; r < r0 + n;) {
       const int64_t e = plan::call_end(layout_, r, r0 + n);
       const int64_t len = e - r;

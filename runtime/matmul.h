@@ -27,7 +27,8 @@ class Matmul {
   moejit_status init(const plan::MatrixPlan& p, std::string* err);
 
   // y[t * n + i] = dot(row r0 + i, x[t]) for t < tokens, i < n. x is a buffer
-  // of prepared vectors (xprep()), the tokens in slots slot0 .. slot0 + tokens - 1.
+  // of prepared vectors (xprep()), the tokens a group in slots slot0 ..
+  // slot0 + tokens - 1, placed by xprep().group_slot(slot0, tokens, t).
   // `scratch` holds scratch_floats(). `prefetch` is the first weight row of a
   // later call of this thread, fetched while this one runs; nullptr means the
   // bytes kPrefetchBytes past these rows (a thread reading one matrix front to back).
@@ -46,21 +47,21 @@ class Matmul {
   size_t x_vector_bytes() const { return size_t(xprep_.vector_bytes(layout_.k)); }
   const jit::XPrep& x_prep() const { return xprep_; }
   jit::XLayout x_layout() const { return xprep_.layout(); }
-  // The kernels' activation layout: per-token vectors, or tiles of 16 slots (avx512_amx).
+  // The kernels' activation layout: per-token vectors, or runs of up to 16 tokens as tiles (avx512_amx).
   const jit::XPrep& xprep() const { return xprep_; }
   // Bytes of a buffer of `slots` prepared vectors.
   size_t x_buffer_bytes(int64_t slots) const { return size_t(xprep_.buffer_bytes(layout_.k, slots)); }
-  // Writes activations k0 .. k0 + n - 1 (values exact in bf16) of slot `slot` of a buffer.
-  void x_store_n(void* buf, int64_t slot, int64_t k0, const float* v, int64_t n) const {
-    xprep_.store_slot(buf, slot, layout_.k, k0, v, n);
+  // Writes activations k0 .. k0 + n - 1 (values exact in bf16) of slot s of a buffer.
+  void x_store_n(void* buf, jit::XPrep::Slot s, int64_t k0, const float* v, int64_t n) const {
+    xprep_.store_slot(buf, s, layout_.k, k0, v, n);
   }
-  // Prepares slot `slot` of a buffer from K bf16 values.
-  void x_prepare(void* buf, int64_t slot, const uint16_t* src) const {
-    xprep_.prepare_slot(buf, slot, src, layout_.k);
+  // Prepares slot s of a buffer from K bf16 values.
+  void x_prepare(void* buf, jit::XPrep::Slot s, const uint16_t* src) const {
+    xprep_.prepare_slot(buf, s, src, layout_.k);
   }
-  // Slot `sslot` of buffer `src` to slot `dslot` of `dst`.
-  void x_copy(void* dst, int64_t dslot, const void* src, int64_t sslot) const {
-    xprep_.copy_slot(dst, dslot, src, sslot, layout_.k);
+  // Slot `from` of buffer `src` to slot `to` of `dst`.
+  void x_copy(void* dst, jit::XPrep::Slot to, const void* src, jit::XPrep::Slot from) const {
+    xprep_.copy_slot(dst, to, src, from, layout_.k);
   }
   size_t scratch_floats() const { return size_t(max_seg_) * size_t(max_m_ > 0 ? max_m_ : 1); }
   const formats::Layout& layout() const { return layout_; }

@@ -76,11 +76,8 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   m->x_sets_ = p.separate() && !(m->mm_[plan::kUp].xprep() == gate.xprep()) ? 2 : 1;
   const size_t T = size_t(cfg.max_tokens), K = size_t(cfg.top_k), R = T * K;
   const size_t gmax = size_t(p.group_max);
-  // Grouped x and g: one slot per route; tile layouts start a group at the next
-  // block of 16 slots when that saves a kernel call (XPrep::run_slot).
-  for (int proj : {plan::kGate, plan::kUp, plan::kDown})
-    if (p.has(proj) && m->mm_[proj].xprep().tiled()) m->slot_prep_ = m->mm_[proj].xprep();
-  const int64_t slots = m->dedup_ ? m->slot_prep_.max_slots(int64_t(R)) : int64_t(R);
+  // Grouped x and g: one slot per route.
+  const int64_t slots = int64_t(R);
   try {
     for (int s = 0; s < m->x_sets_; ++s) {
       const Matmul& mx = m->mm_[s == 0 ? plan::kGate : plan::kUp];
@@ -133,7 +130,7 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
       xt = x_rt_.data();
     }
     for (int s = 0; s < x_sets_; ++s)
-      mm_[s == 0 ? plan::kGate : plan::kUp].x_prepare(x_prep_[s].data(), t, xt);
+      mm_[s == 0 ? plan::kGate : plan::kUp].x_prepare(x_prep_[s].data(), {t, 1, 0}, xt);
   }
 
   // Counting sort of the active routes by expert; slots ascend inside an expert.
@@ -160,12 +157,14 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
     // Each group's x vectors side by side for the multi-token kernels.
     for (int32_t g = 0, next = 0; g < groups_; ++g) {
       const int32_t first = group_begin_[size_t(g)], cnt = group_size(g);
-      group_slot_[size_t(g)] = int32_t(slot_prep_.run_slot(next, cnt));
-      next = group_slot_[size_t(g)] + cnt;
-      for (int s = 0; s < x_sets_; ++s)
+      group_slot_[size_t(g)] = next;
+      next += cnt;
+      for (int s = 0; s < x_sets_; ++s) {
+        const Matmul& mx = mm_[s == 0 ? plan::kGate : plan::kUp];
         for (int32_t i = 0; i < cnt; ++i)
-          mm_[s == 0 ? plan::kGate : plan::kUp].x_copy(x_grp_[s].data(), group_slot_[size_t(g)] + i,
-                                                       x_prep_[s].data(), route_slot_[size_t(first + i)] / K);
+          mx.x_copy(x_grp_[s].data(), mx.xprep().group_slot(next - cnt, cnt, i), x_prep_[s].data(),
+                    {route_slot_[size_t(first + i)] / K, 1, 0});
+      }
     }
   } else {
     for (int32_t r = 0; r < nact; ++r) {
@@ -272,8 +271,9 @@ void MoeLayer::pass1(int64_t item, int worker) {
   for (int32_t m = 0; m < cnt; ++m) {
     const int32_t r = first + m;
     const float rw = cfg_.weight_on_input ? weights_[route_slot_[size_t(r)]] : 1.0f;
-    const int64_t gslot = group_slot_[size_t(grp)] + m;  // this route's slot of g
-    float* gt = gate + int64_t(m) * n;                   // this route's gate and up values, updated in place
+    // This route's slot of g.
+    const jit::XPrep::Slot gslot = dn.xprep().group_slot(group_slot_[size_t(grp)], cnt, m);
+    float* gt = gate + int64_t(m) * n;  // this route's gate and up values, updated in place
     float* ut = up + int64_t(m) * n;
     if (cfg_.weight_on_input) {
       for (int64_t i = 0; i < n; ++i) {

@@ -93,12 +93,11 @@ class MoeLayer {
 
   // Scratch sized once at construction. x is prepared in the layout of gate's
   // kernels ([0]) and, when up's kernels want another one, of up's ([1]).
-  AlignedBuffer<uint8_t> x_prep_[2];  // [max_tokens][x_stride(H)]: each token's prepared x
+  AlignedBuffer<uint8_t> x_prep_[2];  // [max_tokens][x_stride(H)]: each token's prepared x (a run of its own)
   std::vector<uint16_t> x_rt_;        // ds_fp4: [H], one token's x after the e4m3 round trip
   AlignedBuffer<uint8_t> x_grp_[2];   // slots of x of each route, grouped (dedup; group_slot_)
   AlignedBuffer<uint8_t> g_grp_;      // slots of g of each route, grouped (group_slot_)
   int x_sets_ = 1;                    // 2: up's kernels want x in another layout than gate's
-  jit::XPrep slot_prep_;              // places the groups' slots: a tile layout's, if a matrix has one
   std::vector<int32_t> group_slot_;   // [groups]: the slot of each group's first route in x_grp_ and g_grp_
   AlignedBuffer<float> worker_scratch_;  // per worker: matmul scratch + pass buffers
   size_t worker_floats_ = 0;

@@ -55,20 +55,21 @@ inline std::string skip_message(const Variant& v) {
   return std::string(v.name) + " has no kernels of its own for these formats (docs/FORMATS.md)";
 }
 
-// Prepared activations for one kernel: `tokens` tokens in slots c0.. of a
-// buffer (per-token vectors of x_stride(k) elements, or 16-slot tile blocks).
-// Slots before c0 and after the tokens are poisoned with NaN (bf16 0x7FC0 or
-// fp32 0x7FC07FC0) that must not reach the results.
+// Prepared activations for one kernel: `tokens` tokens, one call's run, from
+// slot c0 of a buffer (XPrep::group_slot: per-token vectors of x_stride(k)
+// elements, or one run of tiles). The c0 slots before the run and the slot
+// after it are poisoned with NaN (bf16 0x7FC0 or fp32 0x7FC07FC0) that must
+// not reach the results.
 inline std::vector<uint8_t> prepare_x(const jit::KernelKey& key, const std::vector<float>& x, int c0 = 0) {
   const jit::XPrep prep = jit::x_prep(key.isa, key.format, key.flags);
-  const int64_t slots = prep.tiled() ? (c0 + key.tokens + 15) / 16 * 16 : c0 + key.tokens;
+  const int64_t slots = c0 + key.tokens + 1;
   std::vector<uint8_t> buf(size_t(prep.buffer_bytes(key.k, slots)), 0);
   std::vector<float> nan(size_t(key.k), std::numeric_limits<float>::quiet_NaN());
-  for (int64_t s = 0; s < slots; ++s) {
-    const bool token = s >= c0 && s < c0 + key.tokens;
-    prep.store_slot(buf.data(), s, key.k, 0, token ? x.data() + size_t(s - c0) * size_t(key.k) : nan.data(),
-                    key.k);
-  }
+  for (int64_t s = 0; s < slots; ++s)
+    if (s < c0 || s == slots - 1) prep.store_slot(buf.data(), {s, 1, 0}, key.k, 0, nan.data(), key.k);
+  for (int m = 0; m < key.tokens; ++m)
+    prep.store_slot(buf.data(), prep.group_slot(c0, key.tokens, m), key.k, 0,
+                    x.data() + size_t(m) * size_t(key.k), key.k);
   return buf;
 }
 

@@ -235,6 +235,57 @@ TEST(XPrep, SubBlockSumsAfterEachBlock) {
     }
 }
 
+// Tile layouts (avx512_amx): a group's tokens are runs of up to 16 slots, each
+// run its tokens interleaved as B tiles with rows of 4 * width bytes (a run of
+// one token is natural bf16); per-token layouts give each token a slot. Prepare,
+// store and copy write the same bytes, and nothing outside the slot.
+TEST(XPrep, TileRunsPackTheirTokens) {
+  const jit::XPrep tile(jit::XLayout::bf16, jit::Isa::avx512_amx),
+      flat(jit::XLayout::bf16, jit::Isa::avx512_bf16);
+  for (int64_t i : {0, 15, 16, 31, 32, 34}) {
+    const jit::XPrep::Slot s = tile.group_slot(5, 35, i), f = flat.group_slot(5, 35, i);
+    EXPECT_EQ(s.run, 5 + i / 16 * 16) << i;
+    EXPECT_EQ(s.width, i < 32 ? 16 : 3) << i;
+    EXPECT_EQ(s.col, i % 16) << i;
+    EXPECT_EQ(f.run + f.col, 5 + i) << i;
+    EXPECT_EQ(f.width, 1) << i;
+  }
+  const int64_t k = 100;  // 128 positions: 4 chunks of 32
+  const int64_t vb = tile.vector_bytes(k);
+  EXPECT_EQ(tile.buffer_bytes(k, 7), 7 * vb);
+  std::vector<uint16_t> src(static_cast<size_t>(k));
+  std::vector<float> v(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) {
+    src[size_t(i)] = uint16_t(0x3F80 + i);
+    v[size_t(i)] = fmt::bf16_to_f32(src[size_t(i)]);
+  }
+  for (int width : {1, 3, 16})
+    for (int col : {0, width - 1}) {
+      const jit::XPrep::Slot s{2, width, col};
+      std::vector<uint8_t> a(size_t(vb * (2 + width + 1)), 0xAB), b = a, c = a;
+      tile.prepare_slot(a.data(), s, src.data(), k);
+      tile.store_slot(b.data(), s, k, 0, v.data(), k);
+      EXPECT_EQ(a, b) << width << " " << col;
+      std::vector<uint8_t> one(size_t(vb), 0);
+      tile.prepare_slot(one.data(), {0, 1, 0}, src.data(), k);
+      EXPECT_EQ(0, std::memcmp(one.data(), src.data(), size_t(k) * 2));  // one token: natural order
+      tile.copy_slot(c.data(), s, one.data(), {0, 1, 0}, k);
+      for (size_t i = 0; i < a.size(); ++i) {
+        const int64_t off = int64_t(i) - 2 * vb;
+        const int64_t pair = off / (4 * width), in = off % (4 * width);
+        const bool mine = off >= 0 && off < width * vb && in / 4 == col;
+        if (!mine) {
+          EXPECT_EQ(a[i], 0xAB) << width << " " << col << " byte " << i;
+          continue;
+        }
+        const int64_t e = 2 * pair + in % 4 / 2;  // the element this byte holds
+        const uint16_t want = e < k ? src[size_t(e)] : 0xABAB;
+        EXPECT_EQ(a[i], uint8_t(in % 2 ? want >> 8 : want)) << width << " " << col << " element " << e;
+        if (e < k) EXPECT_EQ(c[i], a[i]) << width << " " << col << " element " << e;
+      }
+    }
+}
+
 // A body other than the row body driving a decoder: other registers lent
 // (the row body lends 0-9 in order), rows read through one cursor register with
 // displacements, the widened vectors stored. This is what a tile body does
