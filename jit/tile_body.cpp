@@ -331,9 +331,11 @@ void TileBody::emit_step(int off, int cnt, int n) {
   const int group = shape_.block / shape_.groups;
   for (int v = 0; v < nv; ++v) {
     const Tmm& a = tmm_a[v % 2];
-    if (direct)
-      tileloadd(a, ptr[reg_wk + reg_rb + (dw_ + dec_->elem_byte(off + 32 * v))]);
-    else
+    if (direct) {
+      const int64_t at = dw_ + dec_->elem_byte(off + 32 * v);
+      for (int r = 0; r < kRows; ++r) prefetcht0(ptr[reg_wk + (r * row_bytes_ + at + kTileL1AheadBytes)]);
+      tileloadd(a, ptr[reg_wk + reg_rb + at]);
+    } else
       tileloadd(a, ptr[rsp + reg_s64 + abuf_off(set_, v)]);
     tileloadd(tmm_b[v % 2], ptr[reg_xk + reg_bs + ((dx_ + off) / 32 + v) * b_chunk_bytes()]);
     tdpbf16ps(tmm_c[cur_], a, tmm_b[v % 2]);

@@ -14,6 +14,13 @@ namespace moejit::jit {
 // token count 1..16 runs the same tile arithmetic per token (batch invariance).
 constexpr int kTileTokens = 16;
 
+// A tile read in place (bf16, 16 rows) first prefetches each row's line this
+// far ahead into L1 (prefetcht0). Its tileloadd reads 16 lines of 16 rows at
+// once, which the L1 prefetchers do not follow: on the Xeon (DeepSeek-V3 bf16,
+// 16 threads) the layer ran 1.07x faster at one token and one thread computed
+// 1.11x faster (docs/PERFORMANCE.md).
+constexpr int kTileL1AheadBytes = 256;
+
 // Whether the tile body has a tier.
 inline bool tile_body_has_tier(Isa isa) { return isa == Isa::avx512_amx; }
 // Generates `key`'s kernel around `dec` (the key's decoder). nullptr and *err on failure.

@@ -26,6 +26,7 @@
 #include "jit/gemv.h"
 #include "jit/kernel_cache.h"
 #include "jit/kernel_dump.h"
+#include "jit/tile_body.h"
 #include "moejit.h"
 #include "runtime/plan.h"
 
@@ -430,6 +431,40 @@ TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
           expect = off + (tile ? 64 : c.stride);
         }
       }
+    }
+}
+
+// A tile read in place (bf16, blocks of 16 rows) prefetches every line of each
+// of its 16 rows kTileL1AheadBytes ahead into L1, once: row r's prefetcht0
+// offsets are r * row_bytes + kTileL1AheadBytes + 0, 64, ... Tails and partial
+// blocks go through the tile buffer and have none.
+TEST(Listing, TileRowsPrefetchIntoL1Ahead) {
+  if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
+  if (!jit::isa_available(jit::Isa::avx512_amx)) GTEST_SKIP() << "this CPU lacks avx512_amx";
+  const std::regex re(R"(prefetcht0 \[(r\w+)(?:\+0x([0-9a-f]+))?\])");
+  for (int tokens : {1, 16})
+    for (int rows : {16, 3}) {
+      const int64_t k = 1024;  // 4 loop iterations of 256 elements: 8 lines per row each
+      const jit::KernelKey key = runtime_key(Format::bf16, k, jit::Isa::avx512_amx, rows, tokens);
+      std::string err, listing;
+      auto kern = jit::global_cache().get(key, &err);
+      ASSERT_TRUE(kern) << key.name() << ": " << err;
+      ASSERT_TRUE(jit::kernel_listing(*kern, &listing, &err)) << err;
+      std::multiset<int64_t> offs;
+      for (const auto& line : instruction_lines(listing)) {
+        std::smatch m;
+        if (std::regex_search(line, m, re))
+          offs.insert(m[2].matched ? std::stoll(m[2].str(), nullptr, 16) : 0);
+      }
+      if (rows < 16) {
+        EXPECT_TRUE(offs.empty()) << key.name() << ": a partial block prefetches into L1";
+        continue;
+      }
+      const int64_t rb = moejit::formats::row_bytes(Format::bf16, k);
+      std::multiset<int64_t> want;
+      for (int r = 0; r < 16; ++r)
+        for (int64_t at = 0; at < 256 * 2; at += 64) want.insert(r * rb + at + jit::kTileL1AheadBytes);
+      EXPECT_EQ(offs, want) << key.name();
     }
 }
 
