@@ -85,13 +85,15 @@ bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags = 0)
 // The tier whose kernels a context of tier `tier` runs for a format (group:
 // the kernel key's; flags: kFlagNoVbmi where asked for). Every tier but
 // avx512_amx runs its own (tiers.h, kernel_isa(tier)). avx512_amx runs tile
-// kernels only for bf16, where they stream the weights with tileloadd and no
-// decode; every other format runs the avx512_bf16 kernels there. Measured on
-// the 16-core Xeon (docs/PERFORMANCE.md): at the one to two tokens per expert
-// of a decode step the 8-bit tile kernels (decode to a tile buffer, then
-// tdpbf16ps) read 7-34% less than the row kernels; they gain 19-36% only from
-// about four tokens per expert. Batch invariance needs one choice per format
-// and shape, never per token count, so the choice is the decode's.
+// kernels for bf16, which streams the weights with tileloadd and no decode,
+// and for fp8_block, whose one scale per 16 rows x 128 makes its tile step
+// cheap; every other format runs the avx512_bf16 kernels there. Measured on
+// the 16-core Xeon (docs/PERFORMANCE.md, docs/FORMATS.md): at one to 16 tokens
+// bf16's and fp8_block's tile layers are within a few percent of the rows,
+// and from 64 tokens they lead (fp8_block 1.25x at 64, 2.45x at 256); q8_0's
+// and mxfp8's tile kernels read 8-19% less up to 16 tokens. Batch invariance
+// needs one choice per format and shape, never per token count, so the choice
+// is the decode's.
 Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags = 0);
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU

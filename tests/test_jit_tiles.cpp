@@ -193,13 +193,14 @@ TEST(TileKernels, NeverReadPastTheMatrix) {
 }
 
 // The formats with a tile decode have tile kernels; the layers run them for
-// bf16 only (the plan's kernel_isa, gemv.h says why), the avx512_bf16 kernels
-// for every other format. The kernels configure, use and release the tile unit.
+// bf16 and fp8_block (the plan's kernel_isa, gemv.h says why), the avx512_bf16
+// kernels for every other format. The kernels configure, use and release the
+// tile unit.
 TEST(TileKernels, UseTheTileUnit) {
   for (const TileFormat& t : kTileFormats) {
     EXPECT_TRUE(jit::has_tile_kernels(t.f, t.group)) << fmt::format_name(t.f) << " g" << t.group;
     EXPECT_EQ(jit::kernel_isa(jit::Isa::avx512_amx, t.f, t.group),
-              t.f == Format::bf16 ? jit::Isa::avx512_amx : jit::Isa::avx512_bf16)
+              t.f == Format::bf16 || t.f == Format::fp8_block ? jit::Isa::avx512_amx : jit::Isa::avx512_bf16)
         << fmt::format_name(t.f) << " g" << t.group << ": docs/FORMATS.md says which formats run tiles";
   }
   for (Format f : {Format::mxfp4, Format::nvfp4, Format::q4_0, Format::q4_K}) {
