@@ -13,6 +13,7 @@
 #include "jit/tile_body.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -172,6 +173,12 @@ class TileBody : public Generator {
   int64_t pf_next_ = 0;   // next line offset of the current region to prefetch
   int64_t pf_span_ = 0;   // bytes per row the current region reads
   Label l_cfg_;           // the tile palette
+  // The block's row totals, for the rule (tot(r)).
+  const std::array<Xmm, kRows> totals_ = [] {
+    std::array<Xmm, kRows> t;
+    for (int r = 0; r < kRows; ++r) t[size_t(r)] = Zmm(16 + r);
+    return t;
+  }();
 };
 
 void TileBody::emit_body() {
@@ -352,15 +359,13 @@ void TileBody::flush_group(int gi, int n) {
   const int cb = cbuf_off(cur_);
   tilestored(ptr[rsp + reg_s64 + cb], tmm_c[cur_]);
   tilezero(tmm_c[cur_]);
-  std::vector<Xmm> totals;
-  for (int r = 0; r < kRows; ++r) totals.push_back(tot(r));
   TileScaleBlock b;
   b.c = Cursor{rsp, cb};
   b.w = Cursor{reg_wk, dw_ + gi * (dec_->block_bytes() / shape_.groups)};
   b.s = Cursor{reg_sk, ds_ + gi * (scale_bytes() / shape_.groups)};
   b.row_bytes = row_bytes_;
   b.rows = n;
-  b.totals = totals;
+  b.totals = totals_;
   rule_->tile_apply(b);
   cur_ ^= 1;
   pending_ = false;
