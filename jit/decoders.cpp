@@ -123,11 +123,8 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
 }
 
 bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags) {
-  KernelKey key;
-  key.isa = Isa::avx512_amx;
-  key.format = format;
+  KernelKey key = decoder_key(Isa::avx512_amx, format, flags);
   key.group = group;
-  key.flags = flags;
   return make_tile_decoder(key) != nullptr;
 }
 
@@ -141,20 +138,12 @@ Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags) 
 }
 
 std::string decode_path(Isa isa, formats::Format format, uint32_t flags) {
-  KernelKey key;
-  key.isa = isa;
-  key.format = format;
-  key.flags = flags;
-  const auto d = make_decoder(key);
+  const auto d = make_decoder(decoder_key(isa, format, flags));
   return d ? d->describe() : std::string();
 }
 
 XPrep x_prep(Isa isa, formats::Format format, uint32_t flags) {
-  KernelKey key;
-  key.isa = isa;
-  key.format = format;
-  key.flags = flags;
-  const auto d = make_decoder(key);
+  const auto d = make_decoder(decoder_key(isa, format, flags));
   return d ? d->x_prep() : XPrep();
 }
 

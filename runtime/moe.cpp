@@ -162,8 +162,8 @@ moejit_status MoeLayer::submit(int32_t T, const uint16_t* x, const int32_t* ids,
       for (int s = 0; s < x_sets_; ++s) {
         const Matmul& mx = mm_[s == 0 ? plan::kGate : plan::kUp];
         for (int32_t i = 0; i < cnt; ++i)
-          mx.x_copy(x_grp_[s].data(), mx.xprep().group_slot(next - cnt, cnt, i), x_prep_[s].data(),
-                    {route_slot_[size_t(first + i)] / K, 1, 0});
+          mx.x_copy(x_grp_[s].data(), mx.xprep().group_slot(group_slot_[size_t(g)], cnt, i),
+                    x_prep_[s].data(), {route_slot_[size_t(first + i)] / K, 1, 0});
       }
     }
   } else {
