@@ -11,11 +11,13 @@
 // the prepared sums of x (M_j = dmin m[j], XPrep's XSums). Products stay exact;
 // the summation order differs from kquant_gemv, as formats.md allows.
 //
-// Why not bf16 and vdpbf16ps on avx512_bf16: on the CI machine's Xeon a
-// 512-bit vdpbf16ps takes two cycles of both vector ports for 32 products and
-// vfmadd231ps half a cycle for 16, so fp32 multiplies at twice the rate; a
-// bf16 decode also needs the per-sub-block factor on its lanes
-// (docs/PERFORMANCE.md, "K-quants").
+// Why not bf16 and vdpbf16ps on avx512_bf16 everywhere: on Intel a 512-bit
+// vdpbf16ps takes two cycles of both vector ports for 32 products and
+// vfmadd231ps half a cycle for 16, so fp32 multiplies at twice the rate
+// (docs/PERFORMANCE.md, "K-quants"). On AMD (Zen 5: 0.73 against 0.54 cycles)
+// the pairs are cheaper, and q4_K has a bf16-pair decode (Q4Pairs,
+// kFlagBf16Pairs): its sub-block factors then scale each step's sums, since
+// d sc[j] q does not fit a bf16.
 //
 // A super-block's factors are a record on the rule's stack area (aux): D_j,
 // M_j, and a format's extra E_j (q5_K 16 D_j, q6_K -32 D_j, q3_K 4 D_j). At the
@@ -26,6 +28,8 @@
 // vpermps tables of D_j times the quant value (one vmulps builds a table; vpermps
 // reads only an index's low 4 bits, so no masking); avx2 converts with vcvtdq2ps
 #include "jit/decode_kquant.h"
+
+#include "formats/formats.h"
 
 namespace moejit::jit {
 
@@ -51,7 +55,8 @@ void KQuantRule::rewind_rows(int n) {
 
 void KQuantRule::apply(const ScaleBlock& b) {
   Generator& g = a();
-  for (size_t m = 0; m < b.totals.size(); ++m) g.vaddps(b.totals[m], b.totals[m], b.sums[m]);
+  if (!shape_.step_scaled)
+    for (size_t m = 0; m < b.totals.size(); ++m) g.vaddps(b.totals[m], b.totals[m], b.sums[m]);
   if (!mins_) return;
   const Reg64 rec = dec_->record_of(b.w);
   const int m_off = dec_->m_off();
@@ -65,6 +70,17 @@ void KQuantRule::apply(const ScaleBlock& b) {
       g.vmovups(ys, ptr[rec + m_off + 32 * p]);  // a ymm load zeros the upper half of the zmm
     for (size_t m = 0; m < b.totals.size(); ++m)
       g.vfnmadd231ps(b.totals[m], r_.scale, ptr[b.xsums[m].getRegExp() + 32 * p]);
+  }
+}
+
+// The decoder's factor vector F(t, p) scales the step-t accumulator of
+// parity p of every token (Q4Pairs has the lanes).
+void KQuantRule::apply_step(const StepBlock& b) {
+  Generator& g = a();
+  const Reg64 rec = dec_->record_of(b.w);
+  for (int p = 0; p < 2; ++p) {
+    dec_->emit_factor_vector(r_.w[p], rec, b.step, p);
+    for (size_t i = p; i < b.sums.size(); i += 2) g.vfmadd231ps(b.totals[i], b.sums[i], r_.w[p]);
   }
 }
 
@@ -164,7 +180,7 @@ namespace {
 // low nibbles sub-block 2c, high nibbles 2c + 1), four vectors of 16.
 class Q45Zmm : public KQuantDecoder {
  public:
-  explicit Q45Zmm(const KernelKey& key) : KQuantDecoder(key, XLayout::f32) {}
+  explicit Q45Zmm(const KernelKey& key, XLayout layout = XLayout::f32) : KQuantDecoder(key, layout) {}
   void emit_decode_constants() override {
     g().vmovups(r_.c[0], ptr[rip + d_.base]);
     g().mov(r_.tmp.cvt32(), kGroup2Lanes);
@@ -238,6 +254,50 @@ class Q45Zmm : public KQuantDecoder {
       a.vaddps(dst[i] | k_sub, dst[i], e_bcst(j));
     }
   }
+};
+
+// q4_K as bf16 pairs (kFlagBf16Pairs, AMD): step t loads the quants' 64-byte
+// half t and vector j takes nibble j of every 16-bit word (emit_nibble_words:
+// three shifts, four vpermw of a table of 0..15 as bf16, exact), so vector j
+// lanes 0..7 hold sub-block 4 t + j % 2 and lanes 8..15 sub-block 4 t + 2 + j % 2
+// (XLayout::bf16_kq4 puts x there). vdpbf16ps sums q x exactly into the even
+// and the odd vectors' accumulators, and apply_step scales them by the factor
+// vectors F(t, p) (D_(4t+p) on lanes 0..7, D_(4t+2+p) on 8..15), one vpermps
+// each of the record Q45Zmm's factors write (D_j on lanes 0..7, M_j on 8..15)
+// by the index vectors in c[1..4].
+class Q4Pairs : public Q45Zmm {
+ public:
+  explicit Q4Pairs(const KernelKey& key) : Q45Zmm(key, XLayout::bf16_kq4) { set_step_scaled(); }
+  bool kquant_pairs() const override { return true; }
+  std::string describe() const override {
+    return "K-quant -> bf16 pairs (vpermw of q), vdpbf16ps, times d sc[j] per step";
+  }
+  void emit_decode_constants() override {
+    Q45Zmm::emit_decode_constants();
+    g().vmovups(r_.c[0], ptr[rip + l_words_]);
+    for (int q = 0; q < 4; ++q) g().vmovups(r_.c[1 + q], ptr[rip + l_fidx_ + 64 * q]);
+  }
+  void emit_data() override {
+    Q45Zmm::emit_data();
+    Generator& a = g();
+    a.align(64);
+    a.L(l_words_);  // bf16 of i & 15 (vpermw reads five index bits)
+    for (int i = 0; i < 32; ++i) a.dw(formats::f32_to_bf16(float(i & 15)));
+    a.L(l_fidx_);  // F(t, p), q = 2 t + p: lanes of the record, 4 t + p on 0..7, 4 t + 2 + p on 8..15
+    for (int q = 0; q < 4; ++q)
+      for (int l = 0; l < 16; ++l) a.dd(uint32_t(4 * (q / 2) + q % 2 + (l < 8 ? 0 : 2)));
+  }
+  void emit_step(const Cursor& w, int t, const Xmm* dst) override {
+    g().vmovdqu32(Zmm(dst[0].getIdx()), ptr[w.at(16 + 64 * t)]);
+    emit_nibble_words(g(), dst, r_.c[0]);
+  }
+  // F(t, p) into a widened-weight register (free once the step's products ran).
+  void emit_factor_vector(const Xmm& dst, const Reg64& rec, int t, int p) {
+    g().vpermps(Zmm(dst.getIdx()), Zmm(r_.c[1 + 2 * t + p].getIdx()), ptr[rec]);
+  }
+
+ private:
+  Label l_words_, l_fidx_;
 };
 
 // q6_K: step t = 2h + p holds the four sub-blocks j = 8h + 4a + p + 2rh (i =
@@ -357,6 +417,8 @@ std::unique_ptr<Decoder> make_kquant_decoder(const KernelKey& key) {
   if (key.isa == Isa::avx2) return make_ymm_decoder(key);
   switch (static_cast<Format>(key.format)) {
     case Format::q4_K:
+      if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q4Pairs>(key);
+      return std::make_unique<Q45Zmm>(key);
     case Format::q5_K: return std::make_unique<Q45Zmm>(key);
     case Format::q6_K: return std::make_unique<Q6Zmm>(key);
     case Format::q2_K:

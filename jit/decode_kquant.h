@@ -58,8 +58,10 @@ class KQuantRule : public ScaleRule {
   bool chunkable() const override { return true; }
   void begin_row_blocks(const Address& first_byte, int64_t n) override;
   void rewind_rows(int n) override;
-  // tot += sum; tot -= M . S_x.
+  // tot += sum (unless step-scaled: the steps added theirs); tot -= M . S_x.
   void apply(const ScaleBlock& b) override;
+  // bf16 pairs: each token's two accumulators times the step's two factor vectors.
+  void apply_step(const StepBlock& b) override;
 
  private:
   friend class KQuantDecoder;
@@ -147,6 +149,9 @@ class KQuantDecoder : public Decoder {
     a.jnz(l_block, Xbyak::CodeGenerator::T_NEAR);
   }
   int m_off() const { return fi().sub_block == 32 ? 32 : 64; }
+  // Step-scaled decodes: the factor vector of step t's accumulators of parity
+  // p, from the record at rec, into dst.
+  virtual void emit_factor_vector(const Xmm& /*dst*/, const Reg64& /*rec*/, int /*t*/, int /*p*/) {}
 
  protected:
   static const formats::FormatInfo& row(const KernelKey& k) {

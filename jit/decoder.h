@@ -28,6 +28,11 @@ struct DecodeShape {
   int block = 0;        // elements per scale block (one or more scale groups); unscaled: one chunk
   int groups = 1;       // scale groups per block
   bool scaled = false;  // whether a ScaleRule applies per block
+  // Whether the rule also scales each step's sums (ScaleRule::apply_step): the
+  // body then sums vector i of a step into accumulator i % 2, fresh each step,
+  // and the block's apply() adds only the rule's other terms (the K-quant bf16
+  // pairs, whose sub-block factors cannot ride in bf16 weights).
+  bool step_scaled = false;
   int vectors() const { return step / vec_elems; }
 };
 
@@ -71,6 +76,16 @@ struct ScaleBlock {
   // and left r_.scale as it was (the row body); a body that widens several rows
   // before their scales (a tile body) passes false and the rule reloads.
   bool after_widen = true;
+};
+
+// One step for ScaleRule::apply_step (DecodeShape::step_scaled): the step's
+// two accumulators of every token, which the rule scales into that token's
+// two running totals.
+struct StepBlock {
+  Cursor w;                            // the block's weights
+  int step = 0;                        // the step's index in the block
+  std::span<const Xbyak::Xmm> sums;    // token m: accumulators 2 m (even vectors) and 2 m + 1 (odd)
+  std::span<const Xbyak::Xmm> totals;  // token m: running totals 2 m and 2 m + 1
 };
 
 // One group of scales for ScaleRule::tile_apply (tile bodies): the group's
@@ -153,6 +168,8 @@ class ScaleRule : public DecodePart {
 
   // ---- per block ----
   virtual void apply(const ScaleBlock& b) = 0;
+  // After each step of a step-scaled decode (DecodeShape::step_scaled).
+  virtual void apply_step(const StepBlock& /*b*/) {}
 
   // ---- tile bodies (jit/tile_body.cpp): 16 rows at a time ----
   // Whether the rule has a tile form; a tile body then calls begin_row() and
@@ -192,6 +209,8 @@ class Decoder : public DecodePart {
   // sums after each block (XSums) and ScaleBlock::xsums addresses them.
   virtual int xsum_span() const { return 0; }
   ScaleRule* scale() const { return rule_.get(); }  // null when unscaled
+  // Whether the decode is the K-quant bf16-pair form that kFlagBf16Pairs asks for.
+  virtual bool kquant_pairs() const { return false; }
   // The decode path in words (moejit-info).
   virtual std::string describe() const { return "widened to fp32, vfmadd231ps"; }
   // Tile bodies: whether the weights as they lie are the A tiles (bf16: no
@@ -224,6 +243,8 @@ class Decoder : public DecodePart {
  protected:
   // `vectors`: output vectors per step; `rule`: null for unscaled formats.
   Decoder(const KernelKey& key, XLayout layout, int vectors, std::unique_ptr<ScaleRule> rule);
+  // Makes the shape step-scaled (DecodeShape::step_scaled), the rule's too.
+  void set_step_scaled();
   virtual void emit_decode_constants() {}
 
   XLayout layout_;

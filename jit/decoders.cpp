@@ -37,6 +37,11 @@ Decoder::Decoder(const KernelKey& key, XLayout layout, int vectors, std::unique_
   if (rule_) rule_->shape_ = s;
 }
 
+void Decoder::set_step_scaled() {
+  shape_.step_scaled = true;
+  if (rule_) rule_->shape_ = shape_;
+}
+
 void Decoder::bind(Generator& g, const DecodeRegs& r) {
   bind_part(g, r, shape_);
   if (rule_) rule_->bind_part(g, r, shape_);
@@ -119,6 +124,11 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
   // Without AVX512_VBMI the avx512_bf16 tier decodes without byte tables.
   if (needs_vbmi(isa, format, 0) && !host_features().avx512_vbmi) flags |= kFlagNoVbmi;
   if (host_features().intel && !streams_with_prefetch(format)) flags |= kFlagLinePrefetch;
+  // AMD multiplies bf16 pairs at about the fp32 FMA's cost (gemv.h).
+  if (!host_features().intel && isa == Isa::avx512_bf16) {
+    const auto dec = make_decoder(decoder_key(isa, format, flags | kFlagBf16Pairs));
+    if (dec && dec->kquant_pairs()) flags |= kFlagBf16Pairs;
+  }
   return flags;
 }
 

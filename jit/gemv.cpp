@@ -77,13 +77,18 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "k is too large for 32-bit displacements";
     return false;
   }
-  if ((key.flags & ~(kFlagNoVbmi | kFlagLinePrefetch)) != 0) {
+  if ((key.flags & ~(kFlagNoVbmi | kFlagLinePrefetch | kFlagBf16Pairs)) != 0) {
     *why = "unknown kernel flags";
     return false;
   }
   if ((key.flags & kFlagLinePrefetch) && dec->streams_with_prefetch()) {
     *why = std::string("the line-prefetch flag is for formats the hardware prefetchers stream (bf16), not ") +
            formats::format_name(f);
+    return false;
+  }
+  if ((key.flags & kFlagBf16Pairs) && !dec->kquant_pairs()) {
+    *why = std::string("the bf16-pair flag is for q4_K on avx512_bf16, not ") + formats::format_name(f) +
+           " on " + isa_name(key.isa);
     return false;
   }
   if (dec->needs_vbmi() && !host_features().avx512_vbmi) {

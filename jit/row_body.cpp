@@ -88,6 +88,9 @@ struct Plan {
 };
 
 Plan plan_of(const DecodeShape& s) {
+  // Step-scaled decodes: a step's even and odd vectors in two accumulators,
+  // each scaled into its own running total (two FMA chains per token).
+  if (s.step_scaled) return Plan{2, 2};
   const int vpb = std::max(1, s.block / s.vec_elems);
   Plan p{};
   p.na = s.scaled ? std::min(kBlockSplit, vpb) : kSplit;
@@ -217,6 +220,7 @@ class RowBody : public Generator {
   void emit_group(int n);
   void emit_block(int n, int ti);
   void apply_scale(int n, int ti);
+  void apply_step(int s);
   void stash_row();
   void reduce_group(int n);
 
@@ -522,9 +526,11 @@ void RowBody::emit_blocks(int64_t nfull, bool tail_too) {
 // n elements (<= shape_.block) starting at the cursors; the last step may be partial.
 // Scaled blocks end with tot(m, ti) += (sum of the block's accumulators) * scale.
 void RowBody::emit_block(int n, int ti) {
-  if (scaled_) zero_accs();
+  const bool per_step = shape_.step_scaled;
+  if (scaled_ && !per_step) zero_accs();
   int v = 0;  // vector index inside the block: picks the accumulator
   for (int s = 0; s * shape_.step < n; ++s) {
+    if (per_step) zero_accs();
     const int off = s * shape_.step;
     const int cnt = std::min(shape_.step, n - off);
     if (cnt < shape_.step && key_.isa != Isa::avx2) set_tail_mask(cnt);
@@ -538,13 +544,31 @@ void RowBody::emit_block(int n, int ti) {
     if (cnt == shape_.step) phase("fma");
     for (int i = 0; i < shape_.vectors(); ++i, ++v)
       for (int m = 0; m < key_.tokens; ++m)
-        multiply(acc(m, v % plan_.na), v_w(i), m, off + i * shape_.vec_elems);
+        multiply(acc(m, (per_step ? i : v) % plan_.na), v_w(i), m, off + i * shape_.vec_elems);
+    if (per_step) apply_step(s);
   }
   if (scaled_) {
     if (n == shape_.block) phase("block-scale");
-    sum_accs();
+    if (!per_step) sum_accs();
     apply_scale(n, ti);
   }
+}
+
+// Step s of a step-scaled block: the rule scales its two accumulators of
+// every token into that token's two running totals.
+void RowBody::apply_step(int s) {
+  std::vector<Xmm> sums, totals;
+  for (int m = 0; m < key_.tokens; ++m)
+    for (int j = 0; j < 2; ++j) {
+      sums.push_back(acc(m, j));
+      totals.push_back(tot(m, j));
+    }
+  StepBlock b;
+  b.w = Cursor{reg_wk, dw_};
+  b.step = s;
+  b.sums = sums;
+  b.totals = totals;
+  rule_->apply_step(b);
 }
 
 // tot(m, ti) += acc(m, 0) * the block's scale, by the decoder's scale rule.

@@ -35,6 +35,11 @@ enum class XLayout {
   f32_kq2,         // fp32; inside each 256-element q2_K / q3_K super-block, sub-block j is vector
                    // 4 t + s with t = 2 h + j % 2, s = j / 2 % 4 (h = j / 8): the four sub-blocks of one
                    // 16-byte chunk of quants side by side (jit/decode_kquant.cpp)
+  bf16_kq4,        // bf16; inside each 256-element q4_K super-block, element i of sub-block s (byte
+                   // 32 c + i of the quants, c = s / 2, high nibble when s is odd) sits at
+                   // 32 (4 t + j) + 16 (c % 2) + i / 2 with t = c / 2, j = 2 (i % 2) + s % 2: vector
+                   // 4 t + j of the bf16-pair decode holds nibble j of every 16-bit word of the
+                   // quants' 64-byte half t (jit/decode_kquant.cpp)
 };
 
 inline size_t x_elem_bytes(XLayout l) {
@@ -161,6 +166,10 @@ class XPrep {
       case XLayout::f32_kq2: {
         const int64_t r = k & 255, j = r / 16;
         return (k - r) + 16 * (4 * (2 * (j / 8) + j % 2) + j / 2 % 4) + r % 16;
+      }
+      case XLayout::bf16_kq4: {
+        const int64_t r = k & 255, s = r / 32, i = r % 32, c = s / 2;
+        return (k - r) + 32 * (4 * (c / 2) + 2 * (i % 2) + s % 2) + 16 * (c % 2) + i / 2;
       }
       default: return k;
     }

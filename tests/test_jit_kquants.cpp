@@ -33,10 +33,16 @@ struct Variant {
   const char* name;
 };
 // The no-VBMI flag changes nothing for the K-quants; it is kept to show that.
+// The bf16-pair flag (AMD's choice) changes q4_K's decode; the other formats
+// reject it (BfPairsOnlyForQ4K).
 const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
                              {jit::Isa::avx512, 0, "avx512"},
                              {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
-                             {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"}};
+                             {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"},
+                             {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs, "avx512_bf16_pairs"}};
+
+// The formats a variant's kernels exist for.
+bool serves(const Variant& v, KQuant f) { return !(v.flags & jit::kFlagBf16Pairs) || f == KQuant::q4_K; }
 
 jit::KernelKey make_key(const Variant& v, KQuant f, int k, int rows, int tokens) {
   jit::KernelKey key;
@@ -99,21 +105,29 @@ std::shared_ptr<const jit::Kernel> kernel(const jit::KernelKey& key) {
 // got against float64 with the bound (K + 64) 2^-24 sum(|d sc q x| + |dmin m x|),
 // plus an absolute term for results in the subnormal range. Non-finite float64
 // results (inf or NaN scales) must come out non-finite, NaN where float64 is NaN.
-::testing::AssertionResult matches(KQuant f, const uint8_t* row, int k, const float* x, float got) {
+// Kernels that sum q x per sub-block before its factor (bf16 pairs: formats.md's
+// (d sc[j]) S_q) give inf, not NaN, where an infinite d meets a zero quant of a
+// sub-block whose sum is not zero; and their vdpbf16ps flushes subnormal x,
+// products and partial sums (below 2^-126, q <= 15) to zero, formats.md's
+// absolute term K 2^-126 max|scale| with the scale q D_j.
+::testing::AssertionResult matches(KQuant f, const uint8_t* row, int k, const float* x, float got,
+                                   bool pairs = false) {
   double want, mag, smax;
   float64_row(f, row, k, x, &want, &mag, &smax);
   if (!std::isfinite(want)) {
-    if (std::isfinite(got) || (std::isnan(want) && !std::isnan(got)))
+    if (std::isfinite(got) || (std::isnan(want) && !std::isnan(got) && !pairs))
       return ::testing::AssertionFailure() << "got " << got << " want " << want;
     return ::testing::AssertionSuccess();
   }
-  const double bound = (k + 64) * (std::ldexp(mag, -24) * 1.001 + std::ldexp(smax, -149));
+  const double bound = (k + 64) * (std::ldexp(mag, -24) * 1.001 + std::ldexp(smax, -149)) +
+                       (pairs ? k * 16 * std::ldexp(smax, -126) : 0.0);
   if (!(std::fabs(double(got) - want) <= bound))
     return ::testing::AssertionFailure() << "got " << got << " want " << want << " bound " << bound;
   return ::testing::AssertionSuccess();
 }
 
 bool available(const Variant& v) { return jit::isa_available(v.isa); }
+bool pairs(const Variant& v) { return (v.flags & jit::kFlagBf16Pairs) != 0; }
 
 class KQuantKernels : public ::testing::TestWithParam<Variant> {};
 
@@ -125,6 +139,7 @@ TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
   if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
   moejit_test::Rng rng(37);
   for (KQuant f : kAll) {
+    if (!serves(v, f)) continue;
     const int bb = fm::kquant_traits(f).block_bytes;
     const int last_fit = 16384 / (2 * bb);  // super-blocks of the longest row decoded at its start
     for (int k : {256 * last_fit, 256 * (last_fit + 1)}) {
@@ -138,7 +153,7 @@ TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
       const std::vector<float> y = run(*kern, b, x);
       for (int m = 0; m < 2; ++m)
         for (int r = 0; r < rows; ++r)
-          ASSERT_TRUE(matches(f, b.row(r), k, &x[size_t(m) * k], y[size_t(m) * rows + r]))
+          ASSERT_TRUE(matches(f, b.row(r), k, &x[size_t(m) * k], y[size_t(m) * rows + r], pairs(v)))
               << kern->key().name() << " token " << m << " row " << r;
     }
   }
@@ -151,6 +166,7 @@ TEST_P(KQuantKernels, EveryScaleByteValue) {
   if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
   moejit_test::Rng rng(29);
   for (KQuant f : kAll) {
+    if (!serves(v, f)) continue;
     const BitMap bm = bit_map(f);
     std::vector<int> bytes;  // the bytes of the sub-block scales, mins, d and dmin
     for (const std::vector<Field>* fields : {&bm.sc, &bm.m})
@@ -175,7 +191,7 @@ TEST_P(KQuantKernels, EveryScaleByteValue) {
         std::memcpy(part.data(), b.row(r0), 64 * b.row_bytes);
         const std::vector<float> y = run(*kern, part, x);
         for (int i = 0; i < 64; ++i)
-          ASSERT_TRUE(matches(f, part.row(i), k, x.data(), y[size_t(i)]))
+          ASSERT_TRUE(matches(f, part.row(i), k, x.data(), y[size_t(i)], pairs(v)))
               << kern->key().name() << " byte " << byte << " of the second super-block = " << r0 + i;
       }
     }
@@ -190,6 +206,7 @@ TEST_P(KQuantKernels, ExtremeSuperBlockScales) {
   moejit_test::Rng rng(31);
   const uint16_t kHalves[] = {0x0001, 0x03FF, 0x8001, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x0000};
   for (KQuant f : kAll) {
+    if (!serves(v, f)) continue;
     const BitMap bm = bit_map(f);
     const int k = 768, rows = 16;
     const auto kern = kernel(make_key(v, f, k, rows, 1));
@@ -206,7 +223,7 @@ TEST_P(KQuantKernels, ExtremeSuperBlockScales) {
         const std::vector<float> x = bf16_x(k, rng);
         const std::vector<float> y = run(*kern, b, x);
         for (int r = 0; r < rows; ++r)
-          ASSERT_TRUE(matches(f, b.row(r), k, x.data(), y[size_t(r)]))
+          ASSERT_TRUE(matches(f, b.row(r), k, x.data(), y[size_t(r)], pairs(v)))
               << kern->key().name() << " d " << std::hex << hd << " dmin " << hm << " row " << std::dec << r;
       }
   }
@@ -221,14 +238,74 @@ INSTANTIATE_TEST_SUITE_P(Tiers, KQuantKernels, ::testing::ValuesIn(kVariants),
 TEST(KQuantKernels, DecoderAndPreparedSums) {
   for (const Variant& v : kVariants) {
     for (KQuant f : kAll) {
+      if (!serves(v, f)) continue;
       const std::string path = jit::decode_path(v.isa, moejit::formats::Format(int32_t(f)), v.flags);
       EXPECT_NE(path.find("K-quant"), std::string::npos) << v.name << " " << name(f) << ": " << path;
+      EXPECT_EQ(path.find("bf16 pairs") != std::string::npos, pairs(v))
+          << v.name << " " << name(f) << ": " << path;
       const jit::XPrep prep = jit::x_prep(v.isa, moejit::formats::Format(int32_t(f)), v.flags);
       const fm::KQuantTraits t = fm::kquant_traits(f);
       EXPECT_EQ(prep.sums().span, t.has_mins ? t.sub_block_size : 0) << v.name << " " << name(f);
-      EXPECT_EQ(prep.elem_bytes(), 4u) << v.name << " " << name(f);
+      EXPECT_EQ(prep.elem_bytes(), pairs(v) ? 2u : 4u) << v.name << " " << name(f);
     }
   }
+}
+
+// The bf16-pair decode is q4_K's on avx512_bf16: every other K-quant, and
+// q4_K on the other tiers, refuse the flag with the reason; the runtime asks
+// for it on AMD only.
+TEST(KQuantKernels, BfPairsOnlyForQ4K) {
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16})
+    for (KQuant f : kAll) {
+      jit::KernelKey key = make_key(Variant{isa, jit::kFlagBf16Pairs, ""}, f, 512, 16, 1);
+      std::string why;
+      const bool ok = jit::gemv_supported(key, &why);
+      if (isa == jit::Isa::avx512_bf16 && f == KQuant::q4_K) {
+        if (jit::isa_available(isa)) {
+          EXPECT_TRUE(ok) << why;
+        }
+      } else if (jit::isa_available(isa)) {
+        EXPECT_FALSE(ok) << key.name();
+        EXPECT_NE(why.find("bf16-pair flag"), std::string::npos) << why;
+      }
+      const uint32_t flags = jit::runtime_flags(isa, moejit::formats::Format(int32_t(f)), 256);
+      EXPECT_EQ((flags & jit::kFlagBf16Pairs) != 0,
+                isa == jit::Isa::avx512_bf16 && f == KQuant::q4_K && !jit::host_features().intel)
+          << name(f);
+    }
+}
+
+// The prepared x of the pair decode: element i of sub-block s of a
+// super-block at word 32 (4 t + j) + 16 (c % 2) + i / 2 (c = s / 2, t = c / 2,
+// j = 2 (i % 2) + s % 2), the super-block's 8 sums of x after it.
+TEST(KQuantKernels, PairLayoutPlacesNibbleWords) {
+  const jit::XPrep prep =
+      jit::x_prep(jit::Isa::avx512_bf16, moejit::formats::Format::q4_K, jit::kFlagBf16Pairs);
+  ASSERT_EQ(prep.layout(), jit::XLayout::bf16_kq4);
+  std::vector<bool> seen(256, false);
+  for (int e = 0; e < 512; ++e) {
+    const int r = e % 256, s = r / 32, i = r % 32, c = s / 2;
+    const int64_t want =
+        e / 256 * (256 + 32) + 32 * (4 * (c / 2) + 2 * (i % 2) + s % 2) + 16 * (c % 2) + i / 2;
+    EXPECT_EQ(prep.position(e), want) << e;
+    if (e < 256) {
+      ASSERT_LT(prep.position(e), 256);
+      EXPECT_FALSE(seen[size_t(prep.position(e))]) << e;
+      seen[size_t(prep.position(e))] = true;
+    }
+  }
+  std::vector<float> x(512);
+  for (int e = 0; e < 512; ++e) x[size_t(e)] = float(e % 7) - 3.0f;
+  std::vector<uint8_t> buf(size_t(prep.vector_bytes(512)), 0);
+  prep.store(buf.data(), 0, x.data(), 512);
+  for (int b = 0; b < 2; ++b)
+    for (int s = 0; s < 8; ++s) {
+      float want = 0;
+      for (int i = 0; i < 32; ++i) want += x[size_t(256 * b + 32 * s + i)];
+      float got;
+      std::memcpy(&got, buf.data() + prep.sum_offset(256 * b + 32 * s), 4);
+      EXPECT_EQ(got, want) << b << " " << s;
+    }
 }
 
 }  // namespace
