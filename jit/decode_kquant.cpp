@@ -23,7 +23,8 @@
 // M_j, and a format's extra E_j (q5_K 16 D_j, q6_K -32 D_j, q3_K 4 D_j). At the
 // top of each row the rule decodes the records of every super-block of the
 // row (GemvArgs::scales points at the weights), or, for rows too long for the
-// area, load_widen decodes each block's record at its first step. Each step
+// area, load_widen decodes each block's record at its first step (q4_K's
+// bf16 pairs keep a block's factors in a register instead). Each step
 // then widens 4 vectors. avx512 looks quants up in 16-entry
 // vpermps tables of D_j times the quant value (one vmulps builds a table; vpermps
 // reads only an index's low 4 bits, so no masking); avx2 converts with vcvtdq2ps
@@ -63,13 +64,17 @@ void KQuantRule::apply(const ScaleBlock& b) {
   // Lanes past the sub-blocks are zero in M and in the sums of x.
   const int parts = zmm() ? 1 : subs_ / 8;
   const Ymm ys = Ymm(r_.scale.getIdx());
+  const Xmm mins = shape_.step_scaled ? r_.w[0] : r_.scale;  // step-scaled: r_.scale holds the factors
   for (int p = 0; p < parts; ++p) {
     if (zmm() && subs_ == 16)
       g.vmovups(r_.scale, ptr[rec + m_off]);
+    else if (zmm() && subs_ == 8)
+      dec_->load_mins(mins, rec);  // a ymm write zeros the upper half of the zmm
     else
-      g.vmovups(ys, ptr[rec + m_off + 32 * p]);  // a ymm load zeros the upper half of the zmm
+      g.vmovups(ys, ptr[rec + m_off + 32 * p]);
+    const Xmm src = zmm() && subs_ == 16 ? r_.scale : mins;
     for (size_t m = 0; m < b.totals.size(); ++m)
-      g.vfnmadd231ps(b.totals[m], r_.scale, ptr[b.xsums[m].getRegExp() + 32 * p]);
+      g.vfnmadd231ps(b.totals[m], src, ptr[b.xsums[m].getRegExp() + 32 * p]);
   }
 }
 
@@ -77,9 +82,8 @@ void KQuantRule::apply(const ScaleBlock& b) {
 // parity p of every token (Q4Pairs has the lanes).
 void KQuantRule::apply_step(const StepBlock& b) {
   Generator& g = a();
-  const Reg64 rec = dec_->record_of(b.w);
   for (int p = 0; p < 2; ++p) {
-    dec_->emit_factor_vector(r_.w[p], rec, b.step, p);
+    dec_->emit_factor_vector(r_.w[p], b.step, p);
     for (size_t i = p; i < b.sums.size(); i += 2) g.vfmadd231ps(b.totals[i], b.sums[i], r_.w[p]);
   }
 }
@@ -283,21 +287,48 @@ class Q4Pairs : public Q45Zmm {
     a.align(64);
     a.L(l_words_);  // bf16 of i & 15 (vpermw reads five index bits)
     for (int i = 0; i < 32; ++i) a.dw(formats::f32_to_bf16(float(i & 15)));
+    a.L(l_dm_);  // d on lanes 0..7, dmin on 8..15
+    for (int l = 0; l < 16; ++l) a.dd(uint32_t(l / 8));
     a.L(l_fidx_);  // F(t, p), q = 2 t + p: lanes of the record, 4 t + p on 0..7, 4 t + 2 + p on 8..15
     for (int q = 0; q < 4; ++q)
       for (int l = 0; l < 16; ++l) a.dd(uint32_t(4 * (q / 2) + q % 2 + (l < 8 ? 0 : 2)));
+  }
+  // No records: a block's factors (D_j on lanes 0..7, M_j on 8..15) stay in
+  // r_.scale from its first step on, decoded from the 16 header bytes in
+  // vector registers (emit_packed6's byte picks; d and dmin onto their lanes by
+  // one vpermps). Row-start records stored and read back cost this kernel
+  // half its time on Zen 5 (docs/PERFORMANCE.md).
+  bool has_records() const override { return false; }
+  void load_widen(const Cursor& w, int off, int /*cnt*/, const Xmm* dst) override {
+    if (off == 0) emit_block_factors(w);
+    emit_step(w, off / shape_.step, dst);
+  }
+  void emit_block_factors(const Cursor& w) {
+    Generator& a = g();
+    const Zmm f = Zmm(r_.scale.getIdx()), o1 = Zmm(r_.w[1].getIdx()), t0 = Zmm(r_.w[2].getIdx()),
+              t1 = Zmm(r_.w[3].getIdx());
+    emit_packed6(ptr[w.at()], f, o1, t0, t1);
+    a.vcvtdq2ps(f, f);
+    a.vcvtph2ps(Xmm(o1.getIdx()), ptr[w.at()]);  // d, dmin, (two halves of scale bytes)
+    a.vmovups(t0, ptr[rip + l_dm_]);
+    a.vpermps(t1, t0, o1);
+    a.vmulps(f, f, t1);
+  }
+  void emit_factors(const Cursor& /*w*/) override {}  // no records
+  void load_mins(const Xmm& dst, const Reg64& /*rec*/) override {
+    g().vextractf32x8(Ymm(dst.getIdx()), Zmm(r_.scale.getIdx()), 1);
   }
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
     g().vmovdqu32(Zmm(dst[0].getIdx()), ptr[w.at(16 + 64 * t)]);
     emit_nibble_words(g(), dst, r_.c[0]);
   }
   // F(t, p) into a widened-weight register (free once the step's products ran).
-  void emit_factor_vector(const Xmm& dst, const Reg64& rec, int t, int p) {
-    g().vpermps(Zmm(dst.getIdx()), Zmm(r_.c[1 + 2 * t + p].getIdx()), ptr[rec]);
+  void emit_factor_vector(const Xmm& dst, int t, int p) override {
+    g().vpermps(Zmm(dst.getIdx()), Zmm(r_.c[1 + 2 * t + p].getIdx()), Zmm(r_.scale.getIdx()));
   }
 
  private:
-  Label l_words_, l_fidx_;
+  Label l_words_, l_dm_, l_fidx_;
 };
 
 // q6_K: step t = 2h + p holds the four sub-blocks j = 8h + 4a + p + 2rh (i =

@@ -110,7 +110,14 @@ class KQuantDecoder : public Decoder {
 
   // ---- the factor records (KQuantRule's hooks) ----
   int64_t blocks() const { return key_.k / 256; }
-  bool rows_mode() const { return 2 * blocks() * block_bytes() <= kMaxRowRecords; }
+  // Whether a row's records are decoded at its start (else at each block's
+  // first step); decoders that keep a block's factors in a register have none.
+  bool rows_mode() const { return has_records() && 2 * blocks() * block_bytes() <= kMaxRowRecords; }
+  virtual bool has_records() const { return true; }
+  // The M_j of the block at rec on lanes 0..7 of dst (ymm), for the min term.
+  virtual void load_mins(const Xmm& dst, const Reg64& rec) {
+    g().vmovups(Ymm(dst.getIdx()), ptr[rec + m_off()]);
+  }
   // Bytes of the area at r_.aux: the records (or one), then the slot of base2.
   int area_bytes() const { return rows_mode() ? int(2 * blocks() * block_bytes() + 64) : 256; }
   int slot() const { return area_bytes() - 64; }
@@ -150,8 +157,8 @@ class KQuantDecoder : public Decoder {
   }
   int m_off() const { return fi().sub_block == 32 ? 32 : 64; }
   // Step-scaled decodes: the factor vector of step t's accumulators of parity
-  // p, from the record at rec, into dst.
-  virtual void emit_factor_vector(const Xmm& /*dst*/, const Reg64& /*rec*/, int /*t*/, int /*p*/) {}
+  // p into dst.
+  virtual void emit_factor_vector(const Xmm& /*dst*/, int /*t*/, int /*p*/) {}
 
  protected:
   static const formats::FormatInfo& row(const KernelKey& k) {
