@@ -15,9 +15,9 @@
 // vdpbf16ps takes two cycles of both vector ports for 32 products and
 // vfmadd231ps half a cycle for 16, so fp32 multiplies at twice the rate
 // (docs/PERFORMANCE.md, "K-quants"). On AMD (Zen 5: 0.73 against 0.54 cycles)
-// the pairs are cheaper, and q4_K has a bf16-pair decode (Q4Pairs,
-// kFlagBf16Pairs): its sub-block factors then scale each step's sums, since
-// d sc[j] q does not fit a bf16.
+// the pairs are cheaper, and q4_K and q6_K have bf16-pair decodes (Q4Pairs,
+// Q6Pairs, kFlagBf16Pairs): their sub-block factors then scale each step's
+// sums, since d sc[j] q does not fit a bf16.
 //
 // A super-block's factors are a record on the rule's stack area (aux): D_j,
 // M_j, and a format's extra E_j (q5_K 16 D_j, q6_K -32 D_j, q3_K 4 D_j). At the
@@ -331,6 +331,87 @@ class Q4Pairs : public Q45Zmm {
   Label l_words_, l_dm_, l_fidx_;
 };
 
+// q6_K as bf16 pairs (kFlagBf16Pairs, AMD): step h takes the 64 ql bytes and
+// the 32 qh bytes of half h. Vector j holds, for each 16-bit word w of the ql
+// bytes, nibble j with its crumb: element (a, l) of the half (e = 32 a + l, q
+// from ql[l + 32 (a % 2)]'s low or high nibble and qh[l] >> 2 a) sits in word
+// w = 16 (a % 2) + l / 2 of vector j = 2 (l % 2) + a / 2 (XLayout::bf16_kq6).
+// The qh bytes, broadcast to both 256-bit halves, are shifted per word so the
+// crumb lands on bits 4..5, one vpternlogd joins it to the nibble, and one
+// vpermi2w looks the 6-bit q up in 64 words of bf16(q - 32) (exact). Dword lane
+// L of vector j is sub-block 8 h + 4 (j % 2) + L / 4, so the even and the odd
+// vectors each cover four sub-blocks, scaled per step as q4_K's are.
+class Q6Pairs : public KQuantDecoder {
+ public:
+  explicit Q6Pairs(const KernelKey& key) : KQuantDecoder(key, XLayout::bf16_kq6) { set_step_scaled(); }
+  bool kquant_pairs() const override { return true; }
+  bool has_records() const override { return false; }
+  std::string describe() const override {
+    return "K-quant -> bf16 pairs (vpermi2w of q - 32), vdpbf16ps, times d sc[j] per step";
+  }
+  void emit_decode_constants() override {
+    g().vmovups(r_.c[0], ptr[rip + l_values_]);
+    g().vmovups(r_.c[1], ptr[rip + l_values_ + 64]);
+  }
+  void emit_data() override {
+    KQuantDecoder::emit_data();
+    Generator& a = g();
+    a.align(64);
+    a.L(l_values_);  // bf16 of q - 32 for q = 0..63
+    for (int q = 0; q < 64; ++q) a.dw(formats::f32_to_bf16(float(q - 32)));
+    a.L(l_counts_);  // per vector j, the qh word shifts that put its crumbs on bits 4..5
+    for (int j = 0; j < 4; ++j)
+      for (int w = 0; w < 32; ++w) {
+        const int sh = 8 * (j / 2) + 2 * (w >= 16) + 4 * (j % 2);  // the crumb's bit in the word
+        a.dw(uint16_t(j == 0 ? 4 - sh : sh - 4));                  // j = 0 shifts left, the others right
+      }
+    a.L(l_fidx_);  // F(h, p), q = 2 h + p: lane L takes D of sub-block 8 h + 4 p + L / 4
+    for (int q = 0; q < 4; ++q)
+      for (int l = 0; l < 16; ++l) a.dd(uint32_t(8 * (q / 2) + 4 * (q % 2) + l / 4));
+    a.L(l_low4_);
+    a.dd(0x000F000Fu);
+  }
+  void load_widen(const Cursor& w, int off, int /*cnt*/, const Xmm* dst) override {
+    if (off == 0) emit_block_factors(w);
+    emit_step(w, off / shape_.step, dst);
+  }
+  // D_j = d sc[j] of the block's 16 sub-blocks in r_.scale, from its first step on.
+  void emit_block_factors(const Cursor& w) {
+    Generator& a = g();
+    const Zmm f = Zmm(r_.scale.getIdx()), t = Zmm(r_.w[1].getIdx());
+    a.vpmovsxbd(f, ptr[w.at(192)]);
+    a.vcvtdq2ps(f, f);
+    a.vpbroadcastw(Ymm(t.getIdx()), ptr[w.at(208)]);
+    a.vcvtph2ps(t, Ymm(t.getIdx()));
+    a.vmulps(f, f, t);
+  }
+  void emit_factors(const Cursor& /*w*/) override {}  // no records
+  void emit_step(const Cursor& w, int h, const Xmm* dst) override {
+    Generator& a = g();
+    const Zmm v0 = Zmm(dst[0].getIdx()), crumbs = Zmm(r_.c[2].getIdx());
+    a.vmovdqu32(v0, ptr[w.at(64 * h)]);
+    for (int j = 1; j < 4; ++j) a.vpsrlw(Zmm(dst[j].getIdx()), v0, 4 * j);
+    for (int j = 0; j < 4; ++j) {
+      const Zmm v = Zmm(dst[j].getIdx());
+      a.vbroadcasti64x4(crumbs, ptr[w.at(128 + 32 * h)]);
+      if (j == 0)
+        a.vpsllvw(crumbs, crumbs, ptr[rip + l_counts_]);
+      else
+        a.vpsrlvw(crumbs, crumbs, ptr[rip + l_counts_ + 64 * j]);
+      a.vpternlogd(v, crumbs, ptr_b[rip + l_low4_], 0xE4);  // low4 ? nibble : crumb bits
+      a.vpermi2w(v, Zmm(r_.c[0].getIdx()), Zmm(r_.c[1].getIdx()));
+    }
+  }
+  void emit_factor_vector(const Xmm& dst, int h, int p) override {
+    const Zmm d = Zmm(dst.getIdx());
+    g().vmovups(d, ptr[rip + l_fidx_ + 64 * (2 * h + p)]);
+    g().vpermps(d, d, Zmm(r_.scale.getIdx()));
+  }
+
+ private:
+  Label l_values_, l_counts_, l_fidx_, l_low4_;
+};
+
 // q6_K: step t = 2h + p holds the four sub-blocks j = 8h + 4a + p + 2rh (i =
 // 2a + rh) that share the 16 qh bytes at 128 + 32h + 16p: crumb i of each (the
 // high two bits of q) and the low nibble a of ql bytes 64h + 16(p + 2rh).
@@ -451,7 +532,9 @@ std::unique_ptr<Decoder> make_kquant_decoder(const KernelKey& key) {
       if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q4Pairs>(key);
       return std::make_unique<Q45Zmm>(key);
     case Format::q5_K: return std::make_unique<Q45Zmm>(key);
-    case Format::q6_K: return std::make_unique<Q6Zmm>(key);
+    case Format::q6_K:
+      if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q6Pairs>(key);
+      return std::make_unique<Q6Zmm>(key);
     case Format::q2_K:
     case Format::q3_K: return std::make_unique<Q23Zmm>(key);
     default: return nullptr;

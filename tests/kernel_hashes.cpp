@@ -135,21 +135,22 @@ std::vector<jit::KernelKey> all_keys() {
         key.flags = jit::kFlagLinePrefetch;
         keys.push_back(key);
       }
-  // q4_K as bf16 pairs (kFlagBf16Pairs, AMD's choice, after the rest).
-  for (int k : {256, 768, 2048, 7168})
-    for (int rows : rows_list) {
-      jit::KernelKey key;
-      key.format = Format::q4_K;
-      key.k = k;
-      key.rows = rows;
-      key.group = 256;
-      key.isa = jit::Isa::avx512_bf16;
-      key.flags = jit::kFlagBf16Pairs;
-      for (int m = 1; m <= jit::max_tokens_per_call(key); ++m) {
-        key.tokens = m;
-        keys.push_back(key);
+  // q4_K and q6_K as bf16 pairs (kFlagBf16Pairs, AMD's choice, after the rest).
+  for (Format f : {Format::q4_K, Format::q6_K})
+    for (int k : {256, 768, 2048, 7168})
+      for (int rows : rows_list) {
+        jit::KernelKey key;
+        key.format = f;
+        key.k = k;
+        key.rows = rows;
+        key.group = 256;
+        key.isa = jit::Isa::avx512_bf16;
+        key.flags = jit::kFlagBf16Pairs;
+        for (int m = 1; m <= jit::max_tokens_per_call(key); ++m) {
+          key.tokens = m;
+          keys.push_back(key);
+        }
       }
-    }
   return keys;
 }
 

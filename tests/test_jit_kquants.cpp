@@ -33,8 +33,8 @@ struct Variant {
   const char* name;
 };
 // The no-VBMI flag changes nothing for the K-quants; it is kept to show that.
-// The bf16-pair flag (AMD's choice) changes q4_K's decode; the other formats
-// reject it (BfPairsOnlyForQ4K).
+// The bf16-pair flag (AMD's choice) changes q4_K's and q6_K's decodes; the others
+// reject it (BfPairsOnlyForQ4KAndQ6K).
 const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
                              {jit::Isa::avx512, 0, "avx512"},
                              {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
@@ -42,7 +42,8 @@ const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
                              {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs, "avx512_bf16_pairs"}};
 
 // The formats a variant's kernels exist for.
-bool serves(const Variant& v, KQuant f) { return !(v.flags & jit::kFlagBf16Pairs) || f == KQuant::q4_K; }
+bool has_pairs(KQuant f) { return f == KQuant::q4_K || f == KQuant::q6_K; }
+bool serves(const Variant& v, KQuant f) { return !(v.flags & jit::kFlagBf16Pairs) || has_pairs(f); }
 
 jit::KernelKey make_key(const Variant& v, KQuant f, int k, int rows, int tokens) {
   jit::KernelKey key;
@@ -108,7 +109,7 @@ std::shared_ptr<const jit::Kernel> kernel(const jit::KernelKey& key) {
 // Kernels that sum q x per sub-block before its factor (bf16 pairs: formats.md's
 // (d sc[j]) S_q) give inf, not NaN, where an infinite d meets a zero quant of a
 // sub-block whose sum is not zero; and their vdpbf16ps flushes subnormal x,
-// products and partial sums (below 2^-126, q <= 15) to zero, formats.md's
+// products and partial sums (below 2^-126, |q| <= 32) to zero, formats.md's
 // absolute term K 2^-126 max|scale| with the scale q D_j.
 ::testing::AssertionResult matches(KQuant f, const uint8_t* row, int k, const float* x, float got,
                                    bool pairs = false) {
@@ -120,7 +121,7 @@ std::shared_ptr<const jit::Kernel> kernel(const jit::KernelKey& key) {
     return ::testing::AssertionSuccess();
   }
   const double bound = (k + 64) * (std::ldexp(mag, -24) * 1.001 + std::ldexp(smax, -149)) +
-                       (pairs ? k * 16 * std::ldexp(smax, -126) : 0.0);
+                       (pairs ? k * 32 * std::ldexp(smax, -126) : 0.0);
   if (!(std::fabs(double(got) - want) <= bound))
     return ::testing::AssertionFailure() << "got " << got << " want " << want << " bound " << bound;
   return ::testing::AssertionSuccess();
@@ -251,16 +252,16 @@ TEST(KQuantKernels, DecoderAndPreparedSums) {
   }
 }
 
-// The bf16-pair decode is q4_K's on avx512_bf16: every other K-quant, and
-// q4_K on the other tiers, refuse the flag with the reason; the runtime asks
-// for it on AMD only.
-TEST(KQuantKernels, BfPairsOnlyForQ4K) {
+// The bf16-pair decodes are q4_K's and q6_K's on avx512_bf16: the other
+// K-quants, and those two on the other tiers, refuse the flag with the reason;
+// the runtime asks for it on AMD only.
+TEST(KQuantKernels, BfPairsOnlyForQ4KAndQ6K) {
   for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16})
     for (KQuant f : kAll) {
       jit::KernelKey key = make_key(Variant{isa, jit::kFlagBf16Pairs, ""}, f, 512, 16, 1);
       std::string why;
       const bool ok = jit::gemv_supported(key, &why);
-      if (isa == jit::Isa::avx512_bf16 && f == KQuant::q4_K) {
+      if (isa == jit::Isa::avx512_bf16 && has_pairs(f)) {
         if (jit::isa_available(isa)) {
           EXPECT_TRUE(ok) << why;
         }
@@ -270,7 +271,7 @@ TEST(KQuantKernels, BfPairsOnlyForQ4K) {
       }
       const uint32_t flags = jit::runtime_flags(isa, moejit::formats::Format(int32_t(f)), 256);
       EXPECT_EQ((flags & jit::kFlagBf16Pairs) != 0,
-                isa == jit::Isa::avx512_bf16 && f == KQuant::q4_K && !jit::host_features().intel)
+                isa == jit::Isa::avx512_bf16 && has_pairs(f) && !jit::host_features().intel)
           << name(f);
     }
 }
@@ -292,6 +293,20 @@ TEST(KQuantKernels, PairLayoutPlacesNibbleWords) {
       ASSERT_LT(prep.position(e), 256);
       EXPECT_FALSE(seen[size_t(prep.position(e))]) << e;
       seen[size_t(prep.position(e))] = true;
+    }
+  }
+  // q6_K's: element 32 a + l of half h at 32 (4 h + 2 (l % 2) + a / 2) + 16 (a % 2) + l / 2, no sums.
+  const jit::XPrep p6 =
+      jit::x_prep(jit::Isa::avx512_bf16, moejit::formats::Format::q6_K, jit::kFlagBf16Pairs);
+  ASSERT_EQ(p6.layout(), jit::XLayout::bf16_kq6);
+  EXPECT_EQ(p6.sums().span, 0);
+  std::vector<bool> seen6(256, false);
+  for (int e = 0; e < 512; ++e) {
+    const int r = e % 256, h = r / 128, a = r % 128 / 32, l = r % 32;
+    EXPECT_EQ(p6.position(e), e / 256 * 256 + 32 * (4 * h + 2 * (l % 2) + a / 2) + 16 * (a % 2) + l / 2) << e;
+    if (e < 256) {
+      EXPECT_FALSE(seen6[size_t(p6.position(e))]) << e;
+      seen6[size_t(p6.position(e))] = true;
     }
   }
   std::vector<float> x(512);
