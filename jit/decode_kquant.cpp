@@ -15,8 +15,8 @@
 // vdpbf16ps takes two cycles of both vector ports for 32 products and
 // vfmadd231ps half a cycle for 16, so fp32 multiplies at twice the rate
 // (docs/PERFORMANCE.md, "K-quants"). On AMD (Zen 5: 0.73 against 0.54 cycles)
-// the pairs are cheaper, and q4_K and q6_K have bf16-pair decodes (Q4Pairs,
-// Q6Pairs, kFlagBf16Pairs): their sub-block factors then scale each step's
+// the pairs are cheaper, and q4_K, q5_K and q6_K have bf16-pair decodes
+// (Q4Pairs, Q6Pairs, kFlagBf16Pairs): their sub-block factors then scale each step's
 // sums, since d sc[j] q does not fit a bf16.
 //
 // A super-block's factors are a record on the rule's stack area (aux): D_j,
@@ -260,7 +260,7 @@ class Q45Zmm : public KQuantDecoder {
   }
 };
 
-// q4_K as bf16 pairs (kFlagBf16Pairs, AMD): step t loads the quants' 64-byte
+// q4_K and q5_K as bf16 pairs (kFlagBf16Pairs, AMD): step t loads the quants' 64-byte
 // half t and vector j takes nibble j of every 16-bit word (emit_nibble_words:
 // three shifts, four vpermw of a table of 0..15 as bf16, exact), so vector j
 // lanes 0..7 hold sub-block 4 t + j % 2 and lanes 8..15 sub-block 4 t + 2 + j % 2
@@ -271,22 +271,38 @@ class Q45Zmm : public KQuantDecoder {
 // by the index vectors in c[1..4].
 class Q4Pairs : public Q45Zmm {
  public:
-  explicit Q4Pairs(const KernelKey& key) : Q45Zmm(key, XLayout::bf16_kq4) { set_step_scaled(); }
+  explicit Q4Pairs(const KernelKey& key) : Q45Zmm(key, XLayout::bf16_kq4), q5_(format() == Format::q5_K) {
+    set_step_scaled();
+  }
   bool kquant_pairs() const override { return true; }
   std::string describe() const override {
     return "K-quant -> bf16 pairs (vpermw of q), vdpbf16ps, times d sc[j] per step";
   }
+  // q4_K keeps the factor vectors' indices in c[1..4]; q5_K needs c[1] for its
+  // fifth bits and loads them.
   void emit_decode_constants() override {
     Q45Zmm::emit_decode_constants();
     g().vmovups(r_.c[0], ptr[rip + l_words_]);
-    for (int q = 0; q < 4; ++q) g().vmovups(r_.c[1 + q], ptr[rip + l_fidx_ + 64 * q]);
+    if (!q5_)
+      for (int q = 0; q < 4; ++q) g().vmovups(r_.c[1 + q], ptr[rip + l_fidx_ + 64 * q]);
   }
   void emit_data() override {
     Q45Zmm::emit_data();
     Generator& a = g();
     a.align(64);
-    a.L(l_words_);  // bf16 of i & 15 (vpermw reads five index bits)
-    for (int i = 0; i < 32; ++i) a.dw(formats::f32_to_bf16(float(i & 15)));
+    a.L(l_words_);  // q4_K: bf16 of i & 15 (vpermw reads five index bits); q5_K: of i
+    for (int i = 0; i < 32; ++i) a.dw(formats::f32_to_bf16(float(q5_ ? i : i & 15)));
+    // q5_K: per step t and vector j, the qh word shifts that put the fifth bit
+    // of word w (bit 4 t + 2 (w >= 16) + j % 2 of byte j / 2) on bit 4.
+    a.L(l_counts_);
+    for (int t = 0; t < 2; ++t)
+      for (int j = 0; j < 4; ++j)
+        for (int w = 0; w < 32; ++w) {
+          const int sh = 8 * (j / 2) + 4 * t + 2 * (w >= 16) + j % 2;
+          a.dw(uint16_t(sh < 4 ? 4 - sh : sh - 4));
+        }
+    a.L(l_low4_);
+    a.dd(0x000F000Fu);
     a.L(l_dm_);  // d on lanes 0..7, dmin on 8..15
     for (int l = 0; l < 16; ++l) a.dd(uint32_t(l / 8));
     a.L(l_fidx_);  // F(t, p), q = 2 t + p: lanes of the record, 4 t + p on 0..7, 4 t + 2 + p on 8..15
@@ -319,16 +335,44 @@ class Q4Pairs : public Q45Zmm {
     g().vextractf32x8(Ymm(dst.getIdx()), Zmm(r_.scale.getIdx()), 1);
   }
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
-    g().vmovdqu32(Zmm(dst[0].getIdx()), ptr[w.at(16 + 64 * t)]);
-    emit_nibble_words(g(), dst, r_.c[0]);
+    Generator& a = g();
+    if (!q5_) {
+      a.vmovdqu32(Zmm(dst[0].getIdx()), ptr[w.at(16 + 64 * t)]);
+      emit_nibble_words(a, dst, r_.c[0]);
+      return;
+    }
+    // q5_K: the fifth bit of element i of sub-block s is bit s of qh[i] (the
+    // 32 bytes at 16, broadcast to both 256-bit halves), shifted per word onto
+    // bit 4 and joined to the nibble by one vpternlogd; vpermw reads 5 bits.
+    const Zmm v0 = Zmm(dst[0].getIdx()), hb = Zmm(r_.c[1].getIdx());
+    a.vmovdqu32(v0, ptr[w.at(48 + 64 * t)]);
+    for (int j = 1; j < 4; ++j) a.vpsrlw(Zmm(dst[j].getIdx()), v0, 4 * j);
+    for (int j = 0; j < 4; ++j) {
+      const Zmm v = Zmm(dst[j].getIdx());
+      const Address counts = ptr[rip + l_counts_ + 64 * (4 * t + j)];
+      a.vbroadcasti64x4(hb, ptr[w.at(16)]);
+      if (t == 0 && j < 2)
+        a.vpsllvw(hb, hb, counts);
+      else
+        a.vpsrlvw(hb, hb, counts);
+      a.vpternlogd(v, hb, ptr_b[rip + l_low4_], 0xE4);  // low4 ? nibble : fifth bit
+      a.vpermw(v, v, Zmm(r_.c[0].getIdx()));
+    }
   }
   // F(t, p) into a widened-weight register (free once the step's products ran).
   void emit_factor_vector(const Xmm& dst, int t, int p) override {
-    g().vpermps(Zmm(dst.getIdx()), Zmm(r_.c[1 + 2 * t + p].getIdx()), Zmm(r_.scale.getIdx()));
+    const Zmm d = Zmm(dst.getIdx());
+    if (q5_) {
+      g().vmovups(d, ptr[rip + l_fidx_ + 64 * (2 * t + p)]);
+      g().vpermps(d, d, Zmm(r_.scale.getIdx()));
+    } else {
+      g().vpermps(d, Zmm(r_.c[1 + 2 * t + p].getIdx()), Zmm(r_.scale.getIdx()));
+    }
   }
 
  private:
-  Label l_words_, l_dm_, l_fidx_;
+  bool q5_;
+  Label l_words_, l_dm_, l_fidx_, l_counts_, l_low4_;
 };
 
 // q6_K as bf16 pairs (kFlagBf16Pairs, AMD): step h takes the 64 ql bytes and
@@ -531,7 +575,9 @@ std::unique_ptr<Decoder> make_kquant_decoder(const KernelKey& key) {
     case Format::q4_K:
       if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q4Pairs>(key);
       return std::make_unique<Q45Zmm>(key);
-    case Format::q5_K: return std::make_unique<Q45Zmm>(key);
+    case Format::q5_K:
+      if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q4Pairs>(key);
+      return std::make_unique<Q45Zmm>(key);
     case Format::q6_K:
       if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q6Pairs>(key);
       return std::make_unique<Q6Zmm>(key);

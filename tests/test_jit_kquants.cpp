@@ -42,7 +42,7 @@ const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
                              {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs, "avx512_bf16_pairs"}};
 
 // The formats a variant's kernels exist for.
-bool has_pairs(KQuant f) { return f == KQuant::q4_K || f == KQuant::q6_K; }
+bool has_pairs(KQuant f) { return f == KQuant::q4_K || f == KQuant::q5_K || f == KQuant::q6_K; }
 bool serves(const Variant& v, KQuant f) { return !(v.flags & jit::kFlagBf16Pairs) || has_pairs(f); }
 
 jit::KernelKey make_key(const Variant& v, KQuant f, int k, int rows, int tokens) {
