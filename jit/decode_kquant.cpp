@@ -15,8 +15,8 @@
 // vdpbf16ps takes two cycles of both vector ports for 32 products and
 // vfmadd231ps half a cycle for 16, so fp32 multiplies at twice the rate
 // (docs/PERFORMANCE.md, "K-quants"). On AMD (Zen 5: 0.73 against 0.54 cycles)
-// the pairs are cheaper, and q4_K, q5_K and q6_K have bf16-pair decodes
-// (Q4Pairs, Q6Pairs, kFlagBf16Pairs): their sub-block factors then scale each step's
+// the pairs are cheaper, and every K-quant has a bf16-pair decode there
+// (Q4Pairs, Q6Pairs, Q23Pairs, kFlagBf16Pairs): their sub-block factors then scale each step's
 // sums, since d sc[j] q does not fit a bf16.
 //
 // A super-block's factors are a record on the rule's stack area (aux): D_j,
@@ -29,6 +29,8 @@
 // vpermps tables of D_j times the quant value (one vmulps builds a table; vpermps
 // reads only an index's low 4 bits, so no masking); avx2 converts with vcvtdq2ps
 #include "jit/decode_kquant.h"
+
+#include <algorithm>
 
 #include "formats/formats.h"
 
@@ -66,15 +68,14 @@ void KQuantRule::apply(const ScaleBlock& b) {
   const Ymm ys = Ymm(r_.scale.getIdx());
   const Xmm mins = shape_.step_scaled ? r_.w[0] : r_.scale;  // step-scaled: r_.scale holds the factors
   for (int p = 0; p < parts; ++p) {
-    if (zmm() && subs_ == 16)
+    if (shape_.step_scaled)
+      dec_->load_mins(mins, b.w);
+    else if (zmm() && subs_ == 16)
       g.vmovups(r_.scale, ptr[rec + m_off]);
-    else if (zmm() && subs_ == 8)
-      dec_->load_mins(mins, rec);  // a ymm write zeros the upper half of the zmm
     else
-      g.vmovups(ys, ptr[rec + m_off + 32 * p]);
-    const Xmm src = zmm() && subs_ == 16 ? r_.scale : mins;
+      g.vmovups(ys, ptr[rec + m_off + 32 * p]);  // a ymm load zeros the upper half of the zmm
     for (size_t m = 0; m < b.totals.size(); ++m)
-      g.vfnmadd231ps(b.totals[m], src, ptr[b.xsums[m].getRegExp() + 32 * p]);
+      g.vfnmadd231ps(b.totals[m], mins, ptr[b.xsums[m].getRegExp() + 32 * p]);
   }
 }
 
@@ -331,7 +332,7 @@ class Q4Pairs : public Q45Zmm {
     a.vmulps(f, f, t1);
   }
   void emit_factors(const Cursor& /*w*/) override {}  // no records
-  void load_mins(const Xmm& dst, const Reg64& /*rec*/) override {
+  void load_mins(const Xmm& dst, const Cursor& /*w*/) override {
     g().vextractf32x8(Ymm(dst.getIdx()), Zmm(r_.scale.getIdx()), 1);
   }
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
@@ -454,6 +455,120 @@ class Q6Pairs : public KQuantDecoder {
 
  private:
   Label l_values_, l_counts_, l_fidx_, l_low4_;
+};
+
+// q2_K and q3_K as bf16 pairs (kFlagBf16Pairs, AMD): both steps load all 64
+// quant bytes, and vector i of step t takes crumb k of every 16-bit word, k =
+// 4 (i / 2) + 2 t + i % 2 (a shift by 2 k, then vpermw: five index bits), so
+// crumb j = k % 4 of byte half k / 4. Element 32 j + 16 s + l of half h (q from
+// byte 32 h + 16 s + l >> 2 j) sits in word 16 h + 8 s + l / 2 of vector
+// i = 2 (l % 2) + j % 2 of step t = j / 2 (XLayout::bf16_kq2), and dword lane L
+// of a vector is sub-block 8 (L / 8) + 2 j + L % 8 / 4: vectors i and i + 2 of
+// a step share their four sub-blocks. q3_K's hmask bit 4 h + j of byte 16 s + l
+// is shifted per word onto bit 4 of the index (one left and one right vpsllvw /
+// vpsrlvw, as the bit sits below or above it) and joined by one vpternlogd; the
+// table holds bf16(crumb - 4 + 4 hbit). q2_K's mins M_j = dmin (sc[j] >> 4) are
+// widened at the block's end (load_mins).
+class Q23Pairs : public KQuantDecoder {
+ public:
+  explicit Q23Pairs(const KernelKey& key)
+      : KQuantDecoder(key, XLayout::bf16_kq2), q3_(format() == Format::q3_K) {
+    set_step_scaled();
+  }
+  bool kquant_pairs() const override { return true; }
+  bool has_records() const override { return false; }
+  std::string describe() const override {
+    return "K-quant -> bf16 pairs (vpermw of q), vdpbf16ps, times d sc[j] per step";
+  }
+  void emit_decode_constants() override { g().vmovups(r_.c[0], ptr[rip + l_values_]); }
+  void emit_data() override {
+    KQuantDecoder::emit_data();
+    Generator& a = g();
+    a.align(64);
+    a.L(l_values_);  // index bits 0..1 the crumb, bit 4 q3_K's hmask bit
+    for (int i = 0; i < 32; ++i)
+      a.dw(formats::f32_to_bf16(q3_ ? float((i & 3) - 4 + 4 * ((i >> 4) & 1)) : float(i & 3)));
+    a.L(l_left_);  // q3_K, per step t and vector i: the hmask word shifts onto bit 4
+    emit_counts(true);
+    a.L(l_right_);
+    emit_counts(false);
+    a.L(l_fidx_);  // F(t, p): lane L takes sub-block 8 (L / 8) + 2 (2 t + p) + L % 8 / 4
+    for (int q = 0; q < 4; ++q)
+      for (int l = 0; l < 16; ++l) a.dd(uint32_t(8 * (l / 8) + 2 * q + l % 8 / 4));
+    a.L(l_low4_);
+    a.dd(0x000F000Fu);
+  }
+  void load_widen(const Cursor& w, int off, int /*cnt*/, const Xmm* dst) override {
+    if (off == 0) emit_block_factors(w);
+    emit_step(w, off / shape_.step, dst);
+  }
+  void emit_factors(const Cursor& /*w*/) override {}  // no records
+  void emit_step(const Cursor& w, int t, const Xmm* dst) override {
+    Generator& a = g();
+    const Zmm v0 = Zmm(dst[0].getIdx()), hb = Zmm(r_.c[1].getIdx());
+    a.vmovdqu32(v0, ptr[w.at(q3_ ? 32 : 16)]);
+    for (int i = 3; i >= 0; --i) {  // vector 0 last: the others shift its load
+      const int k = crumb(t, i);
+      if (k > 0) a.vpsrlw(Zmm(dst[i].getIdx()), v0, 2 * k);
+    }
+    for (int i = 0; i < 4; ++i) {
+      const Zmm v = Zmm(dst[i].getIdx());
+      if (q3_) {
+        a.vbroadcasti64x4(hb, ptr[w.at(0)]);
+        a.vpsllvw(hb, hb, ptr[rip + l_left_ + 64 * (4 * t + i)]);
+        a.vpsrlvw(hb, hb, ptr[rip + l_right_ + 64 * (4 * t + i)]);
+        a.vpternlogd(v, hb, ptr_b[rip + l_low4_], 0xE4);  // low4 ? crumb : hmask bit
+      }
+      a.vpermw(v, v, Zmm(r_.c[0].getIdx()));
+    }
+  }
+  void emit_factor_vector(const Xmm& dst, int t, int p) override {
+    const Zmm d = Zmm(dst.getIdx());
+    g().vmovups(d, ptr[rip + l_fidx_ + 64 * (2 * t + p)]);
+    g().vpermps(d, d, Zmm(r_.scale.getIdx()));
+  }
+  void load_mins(const Xmm& dst, const Cursor& w) override {  // q2_K: M_j = dmin (sc[j] >> 4)
+    Generator& a = g();
+    const Zmm m = Zmm(dst.getIdx()), h = Zmm(r_.w[1].getIdx());
+    a.vpmovzxbd(m, ptr[w.at()]);
+    a.vpsrld(m, m, 4);
+    a.vcvtdq2ps(m, m);
+    a.vpbroadcastw(Ymm(h.getIdx()), ptr[w.at(82)]);
+    a.vcvtph2ps(h, Ymm(h.getIdx()));
+    a.vmulps(m, m, h);
+  }
+
+ private:
+  static int crumb(int t, int i) { return 4 * (i / 2) + 2 * t + i % 2; }
+  // q3_K: hmask bit 4 h + j of byte k / 4 of word w (h = w / 16) onto bit 4.
+  void emit_counts(bool left) {
+    for (int t = 0; t < 2; ++t)
+      for (int i = 0; i < 4; ++i)
+        for (int w = 0; w < 32; ++w) {
+          const int k = crumb(t, i), bit = 8 * (k / 4) + 4 * (w / 16) + k % 4;
+          g().dw(uint16_t(left ? std::max(0, 4 - bit) : std::max(0, bit - 4)));
+        }
+  }
+  // D_j of the block's 16 sub-blocks in r_.scale, from its first step on.
+  void emit_block_factors(const Cursor& w) {
+    Generator& a = g();
+    const Zmm f = Zmm(r_.scale.getIdx()), o1 = Zmm(r_.w[1].getIdx()), t0 = Zmm(r_.w[2].getIdx()),
+              t1 = Zmm(r_.w[3].getIdx());
+    if (q3_) {  // 6-bit scales - 32, from the 16 bytes that end at d
+      emit_packed6(ptr[w.at(94)], f, o1, t0, t1);
+      a.vpsubd(f, f, ptr_b[rip + d_.c32]);
+    } else {  // low nibbles
+      a.vpmovzxbd(f, ptr[w.at()]);
+      a.vpandd(f, f, ptr_b[rip + d_.c15]);
+    }
+    a.vcvtdq2ps(f, f);
+    a.vpbroadcastw(Ymm(o1.getIdx()), ptr[w.at(q3_ ? 108 : 80)]);
+    a.vcvtph2ps(o1, Ymm(o1.getIdx()));
+    a.vmulps(f, f, o1);
+  }
+
+  bool q3_;
+  Label l_values_, l_left_, l_right_, l_fidx_, l_low4_;
 };
 
 // q6_K: step t = 2h + p holds the four sub-blocks j = 8h + 4a + p + 2rh (i =
@@ -582,7 +697,9 @@ std::unique_ptr<Decoder> make_kquant_decoder(const KernelKey& key) {
       if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q6Pairs>(key);
       return std::make_unique<Q6Zmm>(key);
     case Format::q2_K:
-    case Format::q3_K: return std::make_unique<Q23Zmm>(key);
+    case Format::q3_K:
+      if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q23Pairs>(key);
+      return std::make_unique<Q23Zmm>(key);
     default: return nullptr;
   }
 }

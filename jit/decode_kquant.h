@@ -114,10 +114,9 @@ class KQuantDecoder : public Decoder {
   // first step); decoders that keep a block's factors in a register have none.
   bool rows_mode() const { return has_records() && 2 * blocks() * block_bytes() <= kMaxRowRecords; }
   virtual bool has_records() const { return true; }
-  // The M_j of the block at rec on lanes 0..7 of dst (ymm), for the min term.
-  virtual void load_mins(const Xmm& dst, const Reg64& rec) {
-    g().vmovups(Ymm(dst.getIdx()), ptr[rec + m_off()]);
-  }
+  // Step-scaled decodes: the M_j of the block at w into dst (lanes past the
+  // sub-blocks zero), for the min term.
+  virtual void load_mins(const Xmm& /*dst*/, const Cursor& /*w*/) {}
   // Bytes of the area at r_.aux: the records (or one), then the slot of base2.
   int area_bytes() const { return rows_mode() ? int(2 * blocks() * block_bytes() + 64) : 256; }
   int slot() const { return area_bytes() - 64; }

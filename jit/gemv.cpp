@@ -87,7 +87,7 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     return false;
   }
   if ((key.flags & kFlagBf16Pairs) && !dec->kquant_pairs()) {
-    *why = std::string("the bf16-pair flag is for q4_K, q5_K and q6_K on avx512_bf16, not ") +
+    *why = std::string("the bf16-pair flag is for the K-quants on avx512_bf16, not ") +
            formats::format_name(f) + " on " + isa_name(key.isa);
     return false;
   }

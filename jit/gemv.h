@@ -47,13 +47,14 @@ constexpr uint32_t kFlagNoVbmi = 1;
 // KiB of the next call read more than a prefetch per line (4129b79), so AMD
 // keeps it. Other formats reject the flag (they always prefetch every line).
 constexpr uint32_t kFlagLinePrefetch = 2;
-// avx512_bf16, q4_K, q5_K and q6_K: the quants decode to bf16 pairs (vpermw,
+// avx512_bf16, the K-quants: the quants decode to bf16 pairs (vpermw,
 // vpermi2w) that vdpbf16ps multiplies with bf16 x, and each step's sums are
 // scaled by their sub-blocks' d sc[j] (DecodeShape::step_scaled), instead of
-// fp32 d sc[j] q and vfmadd231ps with fp32 x. runtime_flags sets it on AMD, where a 512-bit
-// vdpbf16ps costs about what a vfmadd231ps does for twice the products (Zen 5:
-// 0.73 against 0.54 cycles, moejit-bench-ports); on Intel it costs two cycles
-// and the fp32 decode is kept (docs/PERFORMANCE.md). Other formats reject it.
+// fp32 d sc[j] q and vfmadd231ps with fp32 x. runtime_flags sets it on AMD,
+// where a 512-bit vdpbf16ps costs about what a vfmadd231ps does for twice the
+// products (Zen 5: 0.73 against 0.54 cycles, moejit-bench-ports); on Intel it
+// costs two cycles and the fp32 decode is kept (docs/PERFORMANCE.md). Other
+// formats and tiers reject it.
 constexpr uint32_t kFlagBf16Pairs = 4;
 
 // Whether a kernel's decode uses AVX512_VBMI: the vpermi2b byte tables of
@@ -106,7 +107,7 @@ Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags =
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU
 // (kFlagNoVbmi where the byte tables cannot be used; kFlagLinePrefetch for
-// bf16 on Intel; kFlagBf16Pairs for q4_K, q5_K and q6_K on AMD).
+// bf16 on Intel; kFlagBf16Pairs for the K-quants on AMD).
 uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group);
 
 // Largest tokens-per-call a generated kernel holds in registers: for the

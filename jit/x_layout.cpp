@@ -32,6 +32,7 @@ void XPrep::prepare(void* vec, const uint16_t* src, int64_t k) const {
     case XLayout::bf16_q4:
     case XLayout::bf16_kq4:
     case XLayout::bf16_kq6:
+    case XLayout::bf16_kq2:
       for (int64_t i = 0; i < k; ++i) static_cast<uint16_t*>(vec)[position(i)] = src[i];
       return;
   }
@@ -70,6 +71,7 @@ void XPrep::store(void* vec, int64_t k0, const float* v, int64_t n) const {
     case XLayout::bf16_q4:
     case XLayout::bf16_kq4:
     case XLayout::bf16_kq6:
+    case XLayout::bf16_kq2:
       for (int64_t i = 0; i < n; ++i)
         static_cast<uint16_t*>(vec)[position(k0 + i)] = formats::f32_to_bf16(v[i]);
       return;

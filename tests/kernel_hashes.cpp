@@ -135,8 +135,9 @@ std::vector<jit::KernelKey> all_keys() {
         key.flags = jit::kFlagLinePrefetch;
         keys.push_back(key);
       }
-  // q4_K, q6_K and q5_K as bf16 pairs (kFlagBf16Pairs, AMD's choice, after the rest).
-  for (Format f : {Format::q4_K, Format::q6_K, Format::q5_K})
+  // The K-quants as bf16 pairs (kFlagBf16Pairs, AMD's choice, after the rest;
+  // q4_K, q6_K and q5_K first, as they were added).
+  for (Format f : {Format::q4_K, Format::q6_K, Format::q5_K, Format::q2_K, Format::q3_K})
     for (int k : {256, 768, 2048, 7168})
       for (int rows : rows_list) {
         jit::KernelKey key;

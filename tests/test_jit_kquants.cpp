@@ -33,8 +33,8 @@ struct Variant {
   const char* name;
 };
 // The no-VBMI flag changes nothing for the K-quants; it is kept to show that.
-// The bf16-pair flag (AMD's choice) changes q4_K's and q6_K's decodes; the others
-// reject it (BfPairsOnlyForQ4KAndQ6K).
+// The bf16-pair flag (AMD's choice) changes every K-quant's avx512_bf16 decode;
+// the other tiers reject it (BfPairsOnlyOnAvx512Bf16).
 const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
                              {jit::Isa::avx512, 0, "avx512"},
                              {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
@@ -42,8 +42,6 @@ const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
                              {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs, "avx512_bf16_pairs"}};
 
 // The formats a variant's kernels exist for.
-bool has_pairs(KQuant f) { return f == KQuant::q4_K || f == KQuant::q5_K || f == KQuant::q6_K; }
-bool serves(const Variant& v, KQuant f) { return !(v.flags & jit::kFlagBf16Pairs) || has_pairs(f); }
 
 jit::KernelKey make_key(const Variant& v, KQuant f, int k, int rows, int tokens) {
   jit::KernelKey key;
@@ -140,7 +138,6 @@ TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
   if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
   moejit_test::Rng rng(37);
   for (KQuant f : kAll) {
-    if (!serves(v, f)) continue;
     const int bb = fm::kquant_traits(f).block_bytes;
     const int last_fit = 16384 / (2 * bb);  // super-blocks of the longest row decoded at its start
     for (int k : {256 * last_fit, 256 * (last_fit + 1)}) {
@@ -167,7 +164,6 @@ TEST_P(KQuantKernels, EveryScaleByteValue) {
   if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
   moejit_test::Rng rng(29);
   for (KQuant f : kAll) {
-    if (!serves(v, f)) continue;
     const BitMap bm = bit_map(f);
     std::vector<int> bytes;  // the bytes of the sub-block scales, mins, d and dmin
     for (const std::vector<Field>* fields : {&bm.sc, &bm.m})
@@ -207,7 +203,6 @@ TEST_P(KQuantKernels, ExtremeSuperBlockScales) {
   moejit_test::Rng rng(31);
   const uint16_t kHalves[] = {0x0001, 0x03FF, 0x8001, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x0000};
   for (KQuant f : kAll) {
-    if (!serves(v, f)) continue;
     const BitMap bm = bit_map(f);
     const int k = 768, rows = 16;
     const auto kern = kernel(make_key(v, f, k, rows, 1));
@@ -239,7 +234,6 @@ INSTANTIATE_TEST_SUITE_P(Tiers, KQuantKernels, ::testing::ValuesIn(kVariants),
 TEST(KQuantKernels, DecoderAndPreparedSums) {
   for (const Variant& v : kVariants) {
     for (KQuant f : kAll) {
-      if (!serves(v, f)) continue;
       const std::string path = jit::decode_path(v.isa, moejit::formats::Format(int32_t(f)), v.flags);
       EXPECT_NE(path.find("K-quant"), std::string::npos) << v.name << " " << name(f) << ": " << path;
       EXPECT_EQ(path.find("bf16 pairs") != std::string::npos, pairs(v))
@@ -252,16 +246,15 @@ TEST(KQuantKernels, DecoderAndPreparedSums) {
   }
 }
 
-// The bf16-pair decodes are q4_K's and q6_K's on avx512_bf16: the other
-// K-quants, and those two on the other tiers, refuse the flag with the reason;
-// the runtime asks for it on AMD only.
-TEST(KQuantKernels, BfPairsOnlyForQ4KAndQ6K) {
+// The bf16-pair decodes are avx512_bf16's: the other tiers refuse the flag
+// with the reason; the runtime asks for it on AMD only.
+TEST(KQuantKernels, BfPairsOnlyOnAvx512Bf16) {
   for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16})
     for (KQuant f : kAll) {
       jit::KernelKey key = make_key(Variant{isa, jit::kFlagBf16Pairs, ""}, f, 512, 16, 1);
       std::string why;
       const bool ok = jit::gemv_supported(key, &why);
-      if (isa == jit::Isa::avx512_bf16 && has_pairs(f)) {
+      if (isa == jit::Isa::avx512_bf16) {
         if (jit::isa_available(isa)) {
           EXPECT_TRUE(ok) << why;
         }
@@ -271,7 +264,7 @@ TEST(KQuantKernels, BfPairsOnlyForQ4KAndQ6K) {
       }
       const uint32_t flags = jit::runtime_flags(isa, moejit::formats::Format(int32_t(f)), 256);
       EXPECT_EQ((flags & jit::kFlagBf16Pairs) != 0,
-                isa == jit::Isa::avx512_bf16 && has_pairs(f) && !jit::host_features().intel)
+                isa == jit::Isa::avx512_bf16 && !jit::host_features().intel)
           << name(f);
     }
 }
