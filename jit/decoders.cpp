@@ -124,8 +124,12 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
   // Without AVX512_VBMI the avx512_bf16 tier decodes without byte tables.
   if (needs_vbmi(isa, format, 0) && !host_features().avx512_vbmi) flags |= kFlagNoVbmi;
   if (host_features().intel && !streams_with_prefetch(format)) flags |= kFlagLinePrefetch;
-  // AMD multiplies bf16 pairs at about the fp32 FMA's cost (gemv.h).
-  if (!host_features().intel && isa == Isa::avx512_bf16) {
+  // The K-quants' bf16 pairs (gemv.h): every K-quant on AMD, where bf16 pairs
+  // multiply at about the fp32 FMA's cost; on Intel q6_K only, whose fp32
+  // decode costs most (the 16-core Xeon, DeepSeek-V3, 16 threads, four rounds:
+  // 1.13-1.21x at one token, 1.01-1.18x at 64; q4_K, q2_K, q5_K and q3_K lost
+  // up to 1.27x at 64 tokens there, docs/PERFORMANCE.md).
+  if (isa == Isa::avx512_bf16 && (!host_features().intel || format == Format::q6_K)) {
     const auto dec = make_decoder(decoder_key(isa, format, flags | kFlagBf16Pairs));
     if (dec && dec->kquant_pairs()) flags |= kFlagBf16Pairs;
   }
