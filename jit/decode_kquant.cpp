@@ -15,16 +15,17 @@
 // vdpbf16ps takes two cycles of both vector ports for 32 products and
 // vfmadd231ps half a cycle for 16, so fp32 multiplies at twice the rate
 // (docs/PERFORMANCE.md, "K-quants"). On AMD (Zen 5: 0.73 against 0.54 cycles)
-// the pairs are cheaper, and every K-quant has a bf16-pair decode there
-// (Q4Pairs, Q6Pairs, Q23Pairs, kFlagBf16Pairs): their sub-block factors then scale each step's
-// sums, since d sc[j] q does not fit a bf16.
+// the pairs are cheaper: every K-quant has a bf16-pair decode (KQuantPairs,
+// kFlagBf16Pairs), which the runtime runs there and, for q6_K, on Intel too.
+// The sub-block factors then scale each step's sums, since d sc[j] q does not
+// fit a bf16.
 //
 // A super-block's factors are a record on the rule's stack area (aux): D_j,
 // M_j, and a format's extra E_j (q5_K 16 D_j, q6_K -32 D_j, q3_K 4 D_j). At the
 // top of each row the rule decodes the records of every super-block of the
 // row (GemvArgs::scales points at the weights), or, for rows too long for the
-// area, load_widen decodes each block's record at its first step (q4_K's
-// bf16 pairs keep a block's factors in a register instead). Each step
+// area, load_widen decodes each block's record at its first step (the bf16
+// pairs keep a block's factors in a register instead). Each step
 // then widens 4 vectors. avx512 looks quants up in 16-entry
 // vpermps tables of D_j times the quant value (one vmulps builds a table; vpermps
 // reads only an index's low 4 bits, so no masking); avx2 converts with vcvtdq2ps
@@ -185,7 +186,7 @@ namespace {
 // low nibbles sub-block 2c, high nibbles 2c + 1), four vectors of 16.
 class Q45Zmm : public KQuantDecoder {
  public:
-  explicit Q45Zmm(const KernelKey& key, XLayout layout = XLayout::f32) : KQuantDecoder(key, layout) {}
+  explicit Q45Zmm(const KernelKey& key) : KQuantDecoder(key, XLayout::f32) {}
   void emit_decode_constants() override {
     g().vmovups(r_.c[0], ptr[rip + d_.base]);
     g().mov(r_.tmp.cvt32(), kGroup2Lanes);
@@ -261,6 +262,35 @@ class Q45Zmm : public KQuantDecoder {
   }
 };
 
+// The bf16-pair decodes (kFlagBf16Pairs): step-scaled, no factor records. A
+// block's first step decodes its factors into r_.scale (emit_block_factors),
+// where they stay for the block's steps (apply_step's factor vectors) and its
+// min term: records stored at a row's start and read back cost a q4_K pair
+// kernel half its time on Zen 5 (docs/PERFORMANCE.md).
+class KQuantPairs : public KQuantDecoder {
+ public:
+  KQuantPairs(const KernelKey& key, XLayout layout, const char* lookup)
+      : KQuantDecoder(key, layout), lookup_(lookup) {
+    set_step_scaled();
+  }
+  bool kquant_pairs() const override { return true; }
+  bool has_records() const override { return false; }
+  std::string describe() const override {
+    return std::string("K-quant -> bf16 pairs (") + lookup_ + "), vdpbf16ps, times d sc[j] per step";
+  }
+  void load_widen(const Cursor& w, int off, int /*cnt*/, const Xmm* dst) override {
+    if (off == 0) emit_block_factors(w);
+    emit_step(w, off / shape_.step, dst);
+  }
+
+ protected:
+  virtual void emit_block_factors(const Cursor& w) = 0;
+  void emit_factors(const Cursor& /*w*/) override {}
+
+ private:
+  const char* lookup_;
+};
+
 // q4_K and q5_K as bf16 pairs (kFlagBf16Pairs, AMD): step t loads the quants' 64-byte
 // half t and vector j takes nibble j of every 16-bit word (emit_nibble_words:
 // three shifts, four vpermw of a table of 0..15 as bf16, exact), so vector j
@@ -268,27 +298,20 @@ class Q45Zmm : public KQuantDecoder {
 // (XLayout::bf16_kq4 puts x there). vdpbf16ps sums q x exactly into the even
 // and the odd vectors' accumulators, and apply_step scales them by the factor
 // vectors F(t, p) (D_(4t+p) on lanes 0..7, D_(4t+2+p) on 8..15), one vpermps
-// each of the record Q45Zmm's factors write (D_j on lanes 0..7, M_j on 8..15)
-// by the index vectors in c[1..4].
-class Q4Pairs : public Q45Zmm {
+// each of the block's factors.
+class Q4Pairs : public KQuantPairs {
  public:
-  explicit Q4Pairs(const KernelKey& key) : Q45Zmm(key, XLayout::bf16_kq4), q5_(format() == Format::q5_K) {
-    set_step_scaled();
-  }
-  bool kquant_pairs() const override { return true; }
-  std::string describe() const override {
-    return "K-quant -> bf16 pairs (vpermw of q), vdpbf16ps, times d sc[j] per step";
-  }
+  explicit Q4Pairs(const KernelKey& key)
+      : KQuantPairs(key, XLayout::bf16_kq4, "vpermw of q"), q5_(format() == Format::q5_K) {}
   // q4_K keeps the factor vectors' indices in c[1..4]; q5_K needs c[1] for its
   // fifth bits and loads them.
   void emit_decode_constants() override {
-    Q45Zmm::emit_decode_constants();
     g().vmovups(r_.c[0], ptr[rip + l_words_]);
     if (!q5_)
       for (int q = 0; q < 4; ++q) g().vmovups(r_.c[1 + q], ptr[rip + l_fidx_ + 64 * q]);
   }
   void emit_data() override {
-    Q45Zmm::emit_data();
+    KQuantDecoder::emit_data();
     Generator& a = g();
     a.align(64);
     a.L(l_words_);  // q4_K: bf16 of i & 15 (vpermw reads five index bits); q5_K: of i
@@ -310,17 +333,9 @@ class Q4Pairs : public Q45Zmm {
     for (int q = 0; q < 4; ++q)
       for (int l = 0; l < 16; ++l) a.dd(uint32_t(4 * (q / 2) + q % 2 + (l < 8 ? 0 : 2)));
   }
-  // No records: a block's factors (D_j on lanes 0..7, M_j on 8..15) stay in
-  // r_.scale from its first step on, decoded from the 16 header bytes in
-  // vector registers (emit_packed6's byte picks; d and dmin onto their lanes by
-  // one vpermps). Row-start records stored and read back cost this kernel
-  // half its time on Zen 5 (docs/PERFORMANCE.md).
-  bool has_records() const override { return false; }
-  void load_widen(const Cursor& w, int off, int /*cnt*/, const Xmm* dst) override {
-    if (off == 0) emit_block_factors(w);
-    emit_step(w, off / shape_.step, dst);
-  }
-  void emit_block_factors(const Cursor& w) {
+  // D_j on lanes 0..7 and M_j on 8..15 from the 16 header bytes: the 6-bit
+  // scales by emit_packed6's byte picks, d and dmin onto their lanes by one vpermps.
+  void emit_block_factors(const Cursor& w) override {
     Generator& a = g();
     const Zmm f = Zmm(r_.scale.getIdx()), o1 = Zmm(r_.w[1].getIdx()), t0 = Zmm(r_.w[2].getIdx()),
               t1 = Zmm(r_.w[3].getIdx());
@@ -331,7 +346,6 @@ class Q4Pairs : public Q45Zmm {
     a.vpermps(t1, t0, o1);
     a.vmulps(f, f, t1);
   }
-  void emit_factors(const Cursor& /*w*/) override {}  // no records
   void load_mins(const Xmm& dst, const Cursor& /*w*/) override {
     g().vextractf32x8(Ymm(dst.getIdx()), Zmm(r_.scale.getIdx()), 1);
   }
@@ -386,14 +400,9 @@ class Q4Pairs : public Q45Zmm {
 // vpermi2w looks the 6-bit q up in 64 words of bf16(q - 32) (exact). Dword lane
 // L of vector j is sub-block 8 h + 4 (j % 2) + L / 4, so the even and the odd
 // vectors each cover four sub-blocks, scaled per step as q4_K's are.
-class Q6Pairs : public KQuantDecoder {
+class Q6Pairs : public KQuantPairs {
  public:
-  explicit Q6Pairs(const KernelKey& key) : KQuantDecoder(key, XLayout::bf16_kq6) { set_step_scaled(); }
-  bool kquant_pairs() const override { return true; }
-  bool has_records() const override { return false; }
-  std::string describe() const override {
-    return "K-quant -> bf16 pairs (vpermi2w of q - 32), vdpbf16ps, times d sc[j] per step";
-  }
+  explicit Q6Pairs(const KernelKey& key) : KQuantPairs(key, XLayout::bf16_kq6, "vpermi2w of q - 32") {}
   void emit_decode_constants() override {
     g().vmovups(r_.c[0], ptr[rip + l_values_]);
     g().vmovups(r_.c[1], ptr[rip + l_values_ + 64]);
@@ -416,12 +425,8 @@ class Q6Pairs : public KQuantDecoder {
     a.L(l_low4_);
     a.dd(0x000F000Fu);
   }
-  void load_widen(const Cursor& w, int off, int /*cnt*/, const Xmm* dst) override {
-    if (off == 0) emit_block_factors(w);
-    emit_step(w, off / shape_.step, dst);
-  }
   // D_j = d sc[j] of the block's 16 sub-blocks in r_.scale, from its first step on.
-  void emit_block_factors(const Cursor& w) {
+  void emit_block_factors(const Cursor& w) override {
     Generator& a = g();
     const Zmm f = Zmm(r_.scale.getIdx()), t = Zmm(r_.w[1].getIdx());
     a.vpmovsxbd(f, ptr[w.at(192)]);
@@ -430,7 +435,6 @@ class Q6Pairs : public KQuantDecoder {
     a.vcvtph2ps(t, Ymm(t.getIdx()));
     a.vmulps(f, f, t);
   }
-  void emit_factors(const Cursor& /*w*/) override {}  // no records
   void emit_step(const Cursor& w, int h, const Xmm* dst) override {
     Generator& a = g();
     const Zmm v0 = Zmm(dst[0].getIdx()), crumbs = Zmm(r_.c[2].getIdx());
@@ -469,17 +473,10 @@ class Q6Pairs : public KQuantDecoder {
 // vpsrlvw, as the bit sits below or above it) and joined by one vpternlogd; the
 // table holds bf16(crumb - 4 + 4 hbit). q2_K's mins M_j = dmin (sc[j] >> 4) are
 // widened at the block's end (load_mins).
-class Q23Pairs : public KQuantDecoder {
+class Q23Pairs : public KQuantPairs {
  public:
   explicit Q23Pairs(const KernelKey& key)
-      : KQuantDecoder(key, XLayout::bf16_kq2), q3_(format() == Format::q3_K) {
-    set_step_scaled();
-  }
-  bool kquant_pairs() const override { return true; }
-  bool has_records() const override { return false; }
-  std::string describe() const override {
-    return "K-quant -> bf16 pairs (vpermw of q), vdpbf16ps, times d sc[j] per step";
-  }
+      : KQuantPairs(key, XLayout::bf16_kq2, "vpermw of q"), q3_(format() == Format::q3_K) {}
   void emit_decode_constants() override { g().vmovups(r_.c[0], ptr[rip + l_values_]); }
   void emit_data() override {
     KQuantDecoder::emit_data();
@@ -498,11 +495,6 @@ class Q23Pairs : public KQuantDecoder {
     a.L(l_low4_);
     a.dd(0x000F000Fu);
   }
-  void load_widen(const Cursor& w, int off, int /*cnt*/, const Xmm* dst) override {
-    if (off == 0) emit_block_factors(w);
-    emit_step(w, off / shape_.step, dst);
-  }
-  void emit_factors(const Cursor& /*w*/) override {}  // no records
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
     Generator& a = g();
     const Zmm v0 = Zmm(dst[0].getIdx()), hb = Zmm(r_.c[1].getIdx());
@@ -550,7 +542,7 @@ class Q23Pairs : public KQuantDecoder {
         }
   }
   // D_j of the block's 16 sub-blocks in r_.scale, from its first step on.
-  void emit_block_factors(const Cursor& w) {
+  void emit_block_factors(const Cursor& w) override {
     Generator& a = g();
     const Zmm f = Zmm(r_.scale.getIdx()), o1 = Zmm(r_.w[1].getIdx()), t0 = Zmm(r_.w[2].getIdx()),
               t1 = Zmm(r_.w[3].getIdx());

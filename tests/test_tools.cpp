@@ -894,6 +894,18 @@ TEST(InfoTool, ReportsWhatTheLibraryRuns) {
     const size_t f = r.out.find("  fp8_block   ");
     EXPECT_EQ(r.out.substr(f, r.out.find('\n', f) - f).find("prefetch:"), std::string::npos);
   }
+  // The K-quants' decode is the one the layers run: bf16 pairs where the
+  // runtime asks for them (kFlagBf16Pairs: AMD, and q6_K on Intel).
+  for (const char* name : {"q4_K", "q6_K"}) {
+    const size_t b = r.out.find(std::string("  ") + name + "        "), e = r.out.find('\n', b);
+    ASSERT_NE(b, std::string::npos) << name << "\n" << r.out;
+    const std::string line = r.out.substr(b, e - b);
+    moejit::formats::Format f{};
+    ASSERT_TRUE(moejit::formats::format_from_name(name, &f)) << name;
+    const bool pairs = jit::runtime_flags(jit::Isa::avx512_bf16, f, 256) & jit::kFlagBf16Pairs;
+    const bool bf16_kernels = line.find("avx512_bf16") != std::string::npos;
+    EXPECT_EQ(line.find("bf16 pairs") != std::string::npos, pairs && bf16_kernels) << line;
+  }
   for (const char* v :
        {"MOEJIT_MAX_ISA", "MOEJIT_DEDUP", "MOEJIT_DEDUP_DEBUG", "MOEJIT_DUMP_DIR", "MOEJIT_PERF_MAP"})
     EXPECT_NE(r.out.find(v), std::string::npos) << v;
