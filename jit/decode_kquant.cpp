@@ -469,10 +469,10 @@ class Q6Pairs : public KQuantPairs {
 // i = 2 (l % 2) + j % 2 of step t = j / 2 (XLayout::bf16_kq2), and dword lane L
 // of a vector is sub-block 8 (L / 8) + 2 j + L % 8 / 4: vectors i and i + 2 of
 // a step share their four sub-blocks. q3_K's hmask bit 4 h + j of byte 16 s + l
-// is shifted per word onto bit 4 of the index (one left and one right vpsllvw /
-// vpsrlvw, as the bit sits below or above it) and joined by one vpternlogd; the
-// table holds bf16(crumb - 4 + 4 hbit). q2_K's mins M_j = dmin (sc[j] >> 4) are
-// widened at the block's end (load_mins).
+// reaches bit 4 of its word by one vprolvd of the broadcast hmask (both words of
+// a dword share h, so one rotation per dword serves left and right shifts) and
+// is joined by one vpternlogd; the table holds bf16(crumb - 4 + 4 hbit). q2_K's mins M_j = dmin (sc[j] >> 4)
+// are widened at the block's end (load_mins).
 class Q23Pairs : public KQuantPairs {
  public:
   explicit Q23Pairs(const KernelKey& key)
@@ -485,10 +485,15 @@ class Q23Pairs : public KQuantPairs {
     a.L(l_values_);  // index bits 0..1 the crumb, bit 4 q3_K's hmask bit
     for (int i = 0; i < 32; ++i)
       a.dw(formats::f32_to_bf16(q3_ ? float((i & 3) - 4 + 4 * ((i >> 4) & 1)) : float(i & 3)));
-    a.L(l_left_);  // q3_K, per step t and vector i: the hmask word shifts onto bit 4
-    emit_counts(true);
-    a.L(l_right_);
-    emit_counts(false);
+    // q3_K, per step t and vector i: the dword rotations that put the hmask
+    // bit of each word on its bit 4 (both words of a dword share h).
+    a.L(l_rot_);
+    for (int t = 0; t < 2; ++t)
+      for (int i = 0; i < 4; ++i)
+        for (int l = 0; l < 16; ++l) {
+          const int k = crumb(t, i), bit = 8 * (k / 4) + 4 * (l / 8) + k % 4;
+          a.dd(uint32_t((36 - bit) % 32));
+        }
     a.L(l_fidx_);  // F(t, p): lane L takes sub-block 8 (L / 8) + 2 (2 t + p) + L % 8 / 4
     for (int q = 0; q < 4; ++q)
       for (int l = 0; l < 16; ++l) a.dd(uint32_t(8 * (l / 8) + 2 * q + l % 8 / 4));
@@ -497,18 +502,17 @@ class Q23Pairs : public KQuantPairs {
   }
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
     Generator& a = g();
-    const Zmm v0 = Zmm(dst[0].getIdx()), hb = Zmm(r_.c[1].getIdx());
+    const Zmm v0 = Zmm(dst[0].getIdx()), hb = Zmm(r_.c[1].getIdx()), hm = Zmm(r_.c[2].getIdx());
     a.vmovdqu32(v0, ptr[w.at(q3_ ? 32 : 16)]);
-    for (int i = 3; i >= 0; --i) {  // vector 0 last: the others shift its load
+    if (q3_) a.vbroadcasti64x4(hm, ptr[w.at(0)]);  // hmask, word w at w % 16
+    for (int i = 3; i >= 0; --i) {                 // vector 0 last: the others shift its load
       const int k = crumb(t, i);
       if (k > 0) a.vpsrlw(Zmm(dst[i].getIdx()), v0, 2 * k);
     }
     for (int i = 0; i < 4; ++i) {
       const Zmm v = Zmm(dst[i].getIdx());
       if (q3_) {
-        a.vbroadcasti64x4(hb, ptr[w.at(0)]);
-        a.vpsllvw(hb, hb, ptr[rip + l_left_ + 64 * (4 * t + i)]);
-        a.vpsrlvw(hb, hb, ptr[rip + l_right_ + 64 * (4 * t + i)]);
+        a.vprolvd(hb, hm, ptr[rip + l_rot_ + 64 * (4 * t + i)]);
         a.vpternlogd(v, hb, ptr_b[rip + l_low4_], 0xE4);  // low4 ? crumb : hmask bit
       }
       a.vpermw(v, v, Zmm(r_.c[0].getIdx()));
@@ -532,15 +536,6 @@ class Q23Pairs : public KQuantPairs {
 
  private:
   static int crumb(int t, int i) { return 4 * (i / 2) + 2 * t + i % 2; }
-  // q3_K: hmask bit 4 h + j of byte k / 4 of word w (h = w / 16) onto bit 4.
-  void emit_counts(bool left) {
-    for (int t = 0; t < 2; ++t)
-      for (int i = 0; i < 4; ++i)
-        for (int w = 0; w < 32; ++w) {
-          const int k = crumb(t, i), bit = 8 * (k / 4) + 4 * (w / 16) + k % 4;
-          g().dw(uint16_t(left ? std::max(0, 4 - bit) : std::max(0, bit - 4)));
-        }
-  }
   // D_j of the block's 16 sub-blocks in r_.scale, from its first step on.
   void emit_block_factors(const Cursor& w) override {
     Generator& a = g();
@@ -560,7 +555,7 @@ class Q23Pairs : public KQuantPairs {
   }
 
   bool q3_;
-  Label l_values_, l_left_, l_right_, l_fidx_, l_low4_;
+  Label l_values_, l_rot_, l_fidx_, l_low4_;
 };
 
 // q6_K: step t = 2h + p holds the four sub-blocks j = 8h + 4a + p + 2rh (i =
