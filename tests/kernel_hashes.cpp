@@ -99,27 +99,28 @@ std::vector<jit::KernelKey> all_keys() {
   // The K-quants (after the others, so their lines follow the older ones in the
   // golden file): K multiples of 256, the plan's group of 256, no scale tensor.
   const Format kquants[] = {Format::q4_K, Format::q5_K, Format::q6_K, Format::q2_K, Format::q3_K};
+  auto add_kquant = [&](Format f, jit::Isa isa, uint32_t flags) {
+    for (int k : {256, 768, 2048, 7168})
+      for (int rows : rows_list) {
+        jit::KernelKey key;
+        key.format = f;
+        key.k = k;
+        key.rows = rows;
+        key.group = 256;
+        key.isa = isa;
+        key.flags = flags;
+        const int max_m = jit::max_tokens_per_call(key);
+        for (int m = 1; m <= max_m; ++m) {
+          if (m > 4 && !(rows == 16 && k == 2048)) continue;
+          key.tokens = m;
+          keys.push_back(key);
+        }
+      }
+  };
   for (jit::Isa isa : isas)
     for (Format f : kquants)
-      for (uint32_t flags : {0u, jit::kFlagNoVbmi}) {
-        if (flags && isa != jit::Isa::avx512_bf16) continue;
-        for (int k : {256, 768, 2048, 7168})
-          for (int rows : rows_list) {
-            jit::KernelKey key;
-            key.format = f;
-            key.k = k;
-            key.rows = rows;
-            key.group = 256;
-            key.isa = isa;
-            key.flags = flags;
-            const int max_m = jit::max_tokens_per_call(key);
-            for (int m = 1; m <= max_m; ++m) {
-              if (m > 4 && !(rows == 16 && k == 2048)) continue;
-              key.tokens = m;
-              keys.push_back(key);
-            }
-          }
-      }
+      for (uint32_t flags : {0u, jit::kFlagNoVbmi})
+        if (!flags || isa == jit::Isa::avx512_bf16) add_kquant(f, isa, flags);
   // bf16 with kFlagLinePrefetch (Intel's choice, after the K-quants): the
   // one-token row kernels, the only ones the flag changes (rows not unrolled,
   // a prefetch per line).
@@ -138,20 +139,7 @@ std::vector<jit::KernelKey> all_keys() {
   // The K-quants as bf16 pairs (kFlagBf16Pairs, AMD's choice, after the rest;
   // q4_K, q6_K and q5_K first, as they were added).
   for (Format f : {Format::q4_K, Format::q6_K, Format::q5_K, Format::q2_K, Format::q3_K})
-    for (int k : {256, 768, 2048, 7168})
-      for (int rows : rows_list) {
-        jit::KernelKey key;
-        key.format = f;
-        key.k = k;
-        key.rows = rows;
-        key.group = 256;
-        key.isa = jit::Isa::avx512_bf16;
-        key.flags = jit::kFlagBf16Pairs;
-        for (int m = 1; m <= jit::max_tokens_per_call(key); ++m) {
-          key.tokens = m;
-          keys.push_back(key);
-        }
-      }
+    add_kquant(f, jit::Isa::avx512_bf16, jit::kFlagBf16Pairs);
   return keys;
 }
 
