@@ -31,8 +31,6 @@
 // reads only an index's low 4 bits, so no masking); avx2 converts with vcvtdq2ps
 #include "jit/decode_kquant.h"
 
-#include <algorithm>
-
 #include "formats/formats.h"
 
 namespace moejit::jit {
@@ -282,16 +280,38 @@ class KQuantPairs : public KQuantDecoder {
     if (off == 0) emit_block_factors(w);
     emit_step(w, off / shape_.step, dst);
   }
+  // F(t, p): the block's factors permuted by the index vector 2 t + p.
+  void emit_factor_vector(const Xmm& dst, int t, int p) override {
+    const Zmm d = Zmm(dst.getIdx());
+    g().vmovups(d, ptr[rip + l_fidx_ + 64 * (2 * t + p)]);
+    g().vpermps(d, d, Zmm(r_.scale.getIdx()));
+  }
 
  protected:
   virtual void emit_block_factors(const Cursor& w) = 0;
+  // The factor (sub-block) of lane l of F(t, p), q = 2 t + p.
+  virtual int factor_lane(int q, int l) const = 0;
   void emit_factors(const Cursor& /*w*/) override {}
+  // The index vectors of the four F(t, p), and the word mask of vpternlogd's
+  // joins (the low four bits from the quant word, the rest from the other).
+  void emit_pair_data() {
+    Generator& a = g();
+    a.align(64);
+    a.L(l_fidx_);
+    for (int q = 0; q < 4; ++q)
+      for (int l = 0; l < 16; ++l) a.dd(uint32_t(factor_lane(q, l)));
+    a.L(l_low4_);
+    a.dd(0x000F000Fu);
+  }
+  Address low4() const { return ptr_b[rip + l_low4_]; }
+  Label l_fidx_;
 
  private:
   const char* lookup_;
+  Label l_low4_;
 };
 
-// q4_K and q5_K as bf16 pairs (kFlagBf16Pairs, AMD): step t loads the quants' 64-byte
+// q4_K and q5_K as bf16 pairs (kFlagBf16Pairs): step t loads the quants' 64-byte
 // half t and vector j takes nibble j of every 16-bit word (emit_nibble_words:
 // three shifts, four vpermw of a table of 0..15 as bf16, exact), so vector j
 // lanes 0..7 hold sub-block 4 t + j % 2 and lanes 8..15 sub-block 4 t + 2 + j % 2
@@ -325,14 +345,12 @@ class Q4Pairs : public KQuantPairs {
           const int sh = 8 * (j / 2) + 4 * t + 2 * (w >= 16) + j % 2;
           a.dw(uint16_t(sh < 4 ? 4 - sh : sh - 4));
         }
-    a.L(l_low4_);
-    a.dd(0x000F000Fu);
     a.L(l_dm_);  // d on lanes 0..7, dmin on 8..15
     for (int l = 0; l < 16; ++l) a.dd(uint32_t(l / 8));
-    a.L(l_fidx_);  // F(t, p), q = 2 t + p: lanes of the record, 4 t + p on 0..7, 4 t + 2 + p on 8..15
-    for (int q = 0; q < 4; ++q)
-      for (int l = 0; l < 16; ++l) a.dd(uint32_t(4 * (q / 2) + q % 2 + (l < 8 ? 0 : 2)));
+    emit_pair_data();
   }
+  // F(t, p): D_(4t+p) on lanes 0..7, D_(4t+2+p) on 8..15.
+  int factor_lane(int q, int l) const override { return 4 * (q / 2) + q % 2 + (l < 8 ? 0 : 2); }
   // D_j on lanes 0..7 and M_j on 8..15 from the 16 header bytes: the 6-bit
   // scales by emit_packed6's byte picks, d and dmin onto their lanes by one vpermps.
   void emit_block_factors(const Cursor& w) override {
@@ -370,27 +388,22 @@ class Q4Pairs : public KQuantPairs {
         a.vpsllvw(hb, hb, counts);
       else
         a.vpsrlvw(hb, hb, counts);
-      a.vpternlogd(v, hb, ptr_b[rip + l_low4_], 0xE4);  // low4 ? nibble : fifth bit
+      a.vpternlogd(v, hb, low4(), 0xE4);  // low4 ? nibble : fifth bit
       a.vpermw(v, v, Zmm(r_.c[0].getIdx()));
     }
   }
   // F(t, p) into a widened-weight register (free once the step's products ran).
   void emit_factor_vector(const Xmm& dst, int t, int p) override {
-    const Zmm d = Zmm(dst.getIdx());
-    if (q5_) {
-      g().vmovups(d, ptr[rip + l_fidx_ + 64 * (2 * t + p)]);
-      g().vpermps(d, d, Zmm(r_.scale.getIdx()));
-    } else {
-      g().vpermps(d, Zmm(r_.c[1 + 2 * t + p].getIdx()), Zmm(r_.scale.getIdx()));
-    }
+    if (q5_) return KQuantPairs::emit_factor_vector(dst, t, p);
+    g().vpermps(Zmm(dst.getIdx()), Zmm(r_.c[1 + 2 * t + p].getIdx()), Zmm(r_.scale.getIdx()));
   }
 
  private:
   bool q5_;
-  Label l_words_, l_dm_, l_fidx_, l_counts_, l_low4_;
+  Label l_words_, l_dm_, l_counts_;
 };
 
-// q6_K as bf16 pairs (kFlagBf16Pairs, AMD): step h takes the 64 ql bytes and
+// q6_K as bf16 pairs (kFlagBf16Pairs): step h takes the 64 ql bytes and
 // the 32 qh bytes of half h. Vector j holds, for each 16-bit word w of the ql
 // bytes, nibble j with its crumb: element (a, l) of the half (e = 32 a + l, q
 // from ql[l + 32 (a % 2)]'s low or high nibble and qh[l] >> 2 a) sits in word
@@ -419,20 +432,17 @@ class Q6Pairs : public KQuantPairs {
         const int sh = 8 * (j / 2) + 2 * (w >= 16) + 4 * (j % 2);  // the crumb's bit in the word
         a.dw(uint16_t(j == 0 ? 4 - sh : sh - 4));                  // j = 0 shifts left, the others right
       }
-    a.L(l_fidx_);  // F(h, p), q = 2 h + p: lane L takes D of sub-block 8 h + 4 p + L / 4
-    for (int q = 0; q < 4; ++q)
-      for (int l = 0; l < 16; ++l) a.dd(uint32_t(8 * (q / 2) + 4 * (q % 2) + l / 4));
-    a.L(l_low4_);
-    a.dd(0x000F000Fu);
+    emit_pair_data();
   }
+  // F(h, p): lane l takes D of sub-block 8 h + 4 p + l / 4.
+  int factor_lane(int q, int l) const override { return 8 * (q / 2) + 4 * (q % 2) + l / 4; }
   // D_j = d sc[j] of the block's 16 sub-blocks in r_.scale, from its first step on.
   void emit_block_factors(const Cursor& w) override {
     Generator& a = g();
     const Zmm f = Zmm(r_.scale.getIdx()), t = Zmm(r_.w[1].getIdx());
     a.vpmovsxbd(f, ptr[w.at(192)]);
     a.vcvtdq2ps(f, f);
-    a.vpbroadcastw(Ymm(t.getIdx()), ptr[w.at(208)]);
-    a.vcvtph2ps(t, Ymm(t.getIdx()));
+    bcast_half(t, ptr[w.at(208)]);
     a.vmulps(f, f, t);
   }
   void emit_step(const Cursor& w, int h, const Xmm* dst) override {
@@ -447,21 +457,16 @@ class Q6Pairs : public KQuantPairs {
         a.vpsllvw(crumbs, crumbs, ptr[rip + l_counts_]);
       else
         a.vpsrlvw(crumbs, crumbs, ptr[rip + l_counts_ + 64 * j]);
-      a.vpternlogd(v, crumbs, ptr_b[rip + l_low4_], 0xE4);  // low4 ? nibble : crumb bits
+      a.vpternlogd(v, crumbs, low4(), 0xE4);  // low4 ? nibble : crumb bits
       a.vpermi2w(v, Zmm(r_.c[0].getIdx()), Zmm(r_.c[1].getIdx()));
     }
   }
-  void emit_factor_vector(const Xmm& dst, int h, int p) override {
-    const Zmm d = Zmm(dst.getIdx());
-    g().vmovups(d, ptr[rip + l_fidx_ + 64 * (2 * h + p)]);
-    g().vpermps(d, d, Zmm(r_.scale.getIdx()));
-  }
 
  private:
-  Label l_values_, l_counts_, l_fidx_, l_low4_;
+  Label l_values_, l_counts_;
 };
 
-// q2_K and q3_K as bf16 pairs (kFlagBf16Pairs, AMD): both steps load all 64
+// q2_K and q3_K as bf16 pairs (kFlagBf16Pairs): both steps load all 64
 // quant bytes, and vector i of step t takes crumb k of every 16-bit word, k =
 // 4 (i / 2) + 2 t + i % 2 (a shift by 2 k, then vpermw: five index bits), so
 // crumb j = k % 4 of byte half k / 4. Element 32 j + 16 s + l of half h (q from
@@ -471,8 +476,9 @@ class Q6Pairs : public KQuantPairs {
 // a step share their four sub-blocks. q3_K's hmask bit 4 h + j of byte 16 s + l
 // reaches bit 4 of its word by one vprolvd of the broadcast hmask (both words of
 // a dword share h, so one rotation per dword serves left and right shifts) and
-// is joined by one vpternlogd; the table holds bf16(crumb - 4 + 4 hbit). q2_K's mins M_j = dmin (sc[j] >> 4)
-// are widened at the block's end (load_mins).
+// is joined by one vpternlogd; the table holds bf16(crumb - 4 + 4 hbit).
+// q2_K's mins M_j = dmin (sc[j] >> 4) are widened at the block's end
+// (load_mins).
 class Q23Pairs : public KQuantPairs {
  public:
   explicit Q23Pairs(const KernelKey& key)
@@ -494,12 +500,10 @@ class Q23Pairs : public KQuantPairs {
           const int k = crumb(t, i), bit = 8 * (k / 4) + 4 * (l / 8) + k % 4;
           a.dd(uint32_t((36 - bit) % 32));
         }
-    a.L(l_fidx_);  // F(t, p): lane L takes sub-block 8 (L / 8) + 2 (2 t + p) + L % 8 / 4
-    for (int q = 0; q < 4; ++q)
-      for (int l = 0; l < 16; ++l) a.dd(uint32_t(8 * (l / 8) + 2 * q + l % 8 / 4));
-    a.L(l_low4_);
-    a.dd(0x000F000Fu);
+    emit_pair_data();
   }
+  // F(t, p): lane l takes sub-block 8 (l / 8) + 2 (2 t + p) + l % 8 / 4.
+  int factor_lane(int q, int l) const override { return 8 * (l / 8) + 2 * q + l % 8 / 4; }
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
     Generator& a = g();
     const Zmm v0 = Zmm(dst[0].getIdx()), hb = Zmm(r_.c[1].getIdx()), hm = Zmm(r_.c[2].getIdx());
@@ -513,15 +517,10 @@ class Q23Pairs : public KQuantPairs {
       const Zmm v = Zmm(dst[i].getIdx());
       if (q3_) {
         a.vprolvd(hb, hm, ptr[rip + l_rot_ + 64 * (4 * t + i)]);
-        a.vpternlogd(v, hb, ptr_b[rip + l_low4_], 0xE4);  // low4 ? crumb : hmask bit
+        a.vpternlogd(v, hb, low4(), 0xE4);  // low4 ? crumb : hmask bit
       }
       a.vpermw(v, v, Zmm(r_.c[0].getIdx()));
     }
-  }
-  void emit_factor_vector(const Xmm& dst, int t, int p) override {
-    const Zmm d = Zmm(dst.getIdx());
-    g().vmovups(d, ptr[rip + l_fidx_ + 64 * (2 * t + p)]);
-    g().vpermps(d, d, Zmm(r_.scale.getIdx()));
   }
   void load_mins(const Xmm& dst, const Cursor& w) override {  // q2_K: M_j = dmin (sc[j] >> 4)
     Generator& a = g();
@@ -529,8 +528,7 @@ class Q23Pairs : public KQuantPairs {
     a.vpmovzxbd(m, ptr[w.at()]);
     a.vpsrld(m, m, 4);
     a.vcvtdq2ps(m, m);
-    a.vpbroadcastw(Ymm(h.getIdx()), ptr[w.at(82)]);
-    a.vcvtph2ps(h, Ymm(h.getIdx()));
+    bcast_half(h, ptr[w.at(82)]);
     a.vmulps(m, m, h);
   }
 
@@ -549,13 +547,12 @@ class Q23Pairs : public KQuantPairs {
       a.vpandd(f, f, ptr_b[rip + d_.c15]);
     }
     a.vcvtdq2ps(f, f);
-    a.vpbroadcastw(Ymm(o1.getIdx()), ptr[w.at(q3_ ? 108 : 80)]);
-    a.vcvtph2ps(o1, Ymm(o1.getIdx()));
+    bcast_half(o1, ptr[w.at(q3_ ? 108 : 80)]);
     a.vmulps(f, f, o1);
   }
 
   bool q3_;
-  Label l_values_, l_rot_, l_fidx_, l_low4_;
+  Label l_values_, l_rot_;
 };
 
 // q6_K: step t = 2h + p holds the four sub-blocks j = 8h + 4a + p + 2rh (i =
