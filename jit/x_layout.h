@@ -40,14 +40,16 @@ enum class XLayout {
                    // 32 (4 t + j) + 16 (c % 2) + i / 2 with t = c / 2, j = 2 (i % 2) + s % 2: vector
                    // 4 t + j of the bf16-pair decode holds nibble j of every 16-bit word of the
                    // quants' 64-byte half t (jit/decode_kquant.cpp)
-  bf16_kq2,        // bf16; inside each 256-element q2_K / q3_K super-block, element 32 j + 16 s + l of half
-             // h (q from quant byte 32 h + 16 s + l >> 2 j) sits at 128 (j / 2) + 32 (2 (l % 2) + j % 2)
-             // + 16 h + 8 s + l / 2: vector i of step t of the bf16-pair decode holds crumb
-             // 4 (i / 2) + 2 t + i % 2 of every 16-bit word of the 64 quant bytes (jit/decode_kquant.cpp)
-  bf16_kq6,  // bf16; inside each 256-element q6_K super-block, element 32 a + l of half h (q from
-             // ql byte 64 h + l + 32 (a % 2) and qh byte 32 h + l) sits at 32 (4 h + j) + 16 (a % 2)
-             // + l / 2 with j = 2 (l % 2) + a / 2: vector 4 h + j of the bf16-pair decode holds
-             // nibble j of every 16-bit word of half h's ql bytes (jit/decode_kquant.cpp)
+  bf16_kq2,        // bf16; inside each 256-element q2_K / q3_K super-block, element 32 j + 16 s + l
+                   // of half h (q from quant byte 32 h + 16 s + l >> 2 j) sits at 128 (j / 2)
+                   // + 32 (2 (l % 2) + j % 2) + 16 h + 8 s + l / 2: vector i of step t of the
+                   // bf16-pair decode holds crumb 4 (i / 2) + 2 t + i % 2 of every 16-bit word
+                   // of the 64 quant bytes (jit/decode_kquant.cpp)
+  bf16_kq6,        // bf16; inside each 256-element q6_K super-block, element 32 a + l of half h (q
+                   // from ql byte 64 h + l + 32 (a % 2) and qh byte 32 h + l) sits at
+                   // 32 (4 h + j) + 16 (a % 2) + l / 2 with j = 2 (l % 2) + a / 2: vector 4 h + j
+                   // of the bf16-pair decode holds nibble j of every 16-bit word of half h's ql
+                   // bytes (jit/decode_kquant.cpp)
 };
 
 inline size_t x_elem_bytes(XLayout l) {
