@@ -25,6 +25,7 @@ const CpuFeatures& host_features() {
     r.avx512dq = cpu.has(C::tAVX512DQ);
     r.avx512_bf16 = cpu.has(C::tAVX512_BF16);
     r.avx512_vbmi = cpu.has(C::tAVX512_VBMI);
+    r.gfni = cpu.has(C::tGFNI);
     r.intel = cpu.has(C::tINTEL);
     const std::pair<uint32_t, bool> bits[] = {{kAvx2, r.avx2},
                                               {kFma, r.fma},
@@ -36,7 +37,8 @@ const CpuFeatures& host_features() {
                                               {kAvx512Vbmi, r.avx512_vbmi},
                                               {kAvx512Bf16, r.avx512_bf16},
                                               {kAmxBf16, cpu.has(C::tAMX_BF16)},
-                                              {kAmxTile, cpu.has(C::tAMX_TILE)}};
+                                              {kAmxTile, cpu.has(C::tAMX_TILE)},
+                                              {kGfni, r.gfni}};
     for (const auto& [bit, on] : bits)
       if (on) r.bits |= bit;
     r.tile_data_note = "the CPU has no AMX-TILE";

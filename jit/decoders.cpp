@@ -128,10 +128,11 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
   // multiply at about the fp32 FMA's cost; on Intel q6_K only, whose fp32
   // decode costs most (the 16-core Xeon, DeepSeek-V3, 16 threads, four rounds:
   // 1.13-1.21x at one token, 1.01-1.18x at 64; q4_K, q2_K, q5_K and q3_K lost
-  // up to 1.27x at 64 tokens there, docs/PERFORMANCE.md).
+  // up to 1.27x at 64 tokens there, docs/PERFORMANCE.md). q3_K's and q5_K's
+  // pairs need GFNI (every AMD CPU with AVX512_BF16 has it).
   if (isa == Isa::avx512_bf16 && (!host_features().intel || format == Format::q6_K)) {
     const auto dec = make_decoder(decoder_key(isa, format, flags | kFlagBf16Pairs));
-    if (dec && dec->kquant_pairs()) flags |= kFlagBf16Pairs;
+    if (dec && dec->kquant_pairs() && (!dec->needs_gfni() || host_features().gfni)) flags |= kFlagBf16Pairs;
   }
   return flags;
 }

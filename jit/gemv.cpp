@@ -95,6 +95,10 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "this CPU lacks AVX512_VBMI for the byte-table decode";
     return false;
   }
+  if (dec->needs_gfni() && !host_features().gfni) {
+    *why = std::string("this CPU lacks GFNI for the ") + formats::format_name(f) + " bf16-pair decode";
+    return false;
+  }
   return dec->check(why);
 }
 

@@ -22,9 +22,9 @@ constexpr TierInfo kTiers[kTierCount] = {
      Isa::avx512_bf16},
 };
 
-constexpr const char* kFeatureNames[kFeatureCount] = {"avx2",        "fma",      "f16c",     "avx512f",
-                                                      "avx512bw",    "avx512vl", "avx512dq", "avx512_vbmi",
-                                                      "avx512_bf16", "amx_bf16", "amx_tile", "os_tile_data"};
+constexpr const char* kFeatureNames[kFeatureCount] = {
+    "avx2",        "fma",         "f16c",     "avx512f",  "avx512bw",     "avx512vl", "avx512dq",
+    "avx512_vbmi", "avx512_bf16", "amx_bf16", "amx_tile", "os_tile_data", "gfni"};
 
 }  // namespace
 

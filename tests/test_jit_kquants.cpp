@@ -125,8 +125,14 @@ std::shared_ptr<const jit::Kernel> kernel(const jit::KernelKey& key) {
   return ::testing::AssertionSuccess();
 }
 
-bool available(const Variant& v) { return jit::isa_available(v.isa); }
 bool pairs(const Variant& v) { return (v.flags & jit::kFlagBf16Pairs) != 0; }
+// The pair decodes of q3_K, q4_K and q5_K use GFNI (every AMD CPU with
+// AVX512_BF16 has it); the variant's tests run where all five generate.
+bool available(const Variant& v) {
+  return jit::isa_available(v.isa) && (!pairs(v) || jit::host_features().gfni);
+}
+// q3_K's, q4_K's and q5_K's pair decodes need GFNI.
+bool pairs_need_gfni(KQuant f) { return f == KQuant::q3_K || f == KQuant::q4_K || f == KQuant::q5_K; }
 
 class KQuantKernels : public ::testing::TestWithParam<Variant> {};
 
@@ -135,7 +141,7 @@ class KQuantKernels : public ::testing::TestWithParam<Variant> {};
 // of all at the row's start: both sides of that boundary.
 TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
   const Variant v = GetParam();
-  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
+  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name << (pairs(v) ? " (or GFNI)" : "");
   moejit_test::Rng rng(37);
   for (KQuant f : kAll) {
     const int bb = fm::kquant_traits(f).block_bytes;
@@ -161,7 +167,7 @@ TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
 // row r of 256 holds value r in the byte under test, the rest random.
 TEST_P(KQuantKernels, EveryScaleByteValue) {
   const Variant v = GetParam();
-  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
+  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name << (pairs(v) ? " (or GFNI)" : "");
   moejit_test::Rng rng(29);
   for (KQuant f : kAll) {
     const BitMap bm = bit_map(f);
@@ -199,7 +205,7 @@ TEST_P(KQuantKernels, EveryScaleByteValue) {
 // same), the largest finite, infinities and NaN (which propagate).
 TEST_P(KQuantKernels, ExtremeSuperBlockScales) {
   const Variant v = GetParam();
-  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name;
+  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name << (pairs(v) ? " (or GFNI)" : "");
   moejit_test::Rng rng(31);
   const uint16_t kHalves[] = {0x0001, 0x03FF, 0x8001, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x0000};
   for (KQuant f : kAll) {
@@ -255,16 +261,20 @@ TEST(KQuantKernels, BfPairsOnlyOnAvx512Bf16) {
       std::string why;
       const bool ok = jit::gemv_supported(key, &why);
       if (isa == jit::Isa::avx512_bf16) {
-        if (jit::isa_available(isa)) {
+        if (jit::isa_available(isa) && (jit::host_features().gfni || !pairs_need_gfni(f))) {
           EXPECT_TRUE(ok) << why;
+        } else if (jit::isa_available(isa)) {
+          EXPECT_FALSE(ok) << key.name();
+          EXPECT_NE(why.find("lacks GFNI"), std::string::npos) << why;
         }
       } else if (jit::isa_available(isa)) {
         EXPECT_FALSE(ok) << key.name();
         EXPECT_NE(why.find("bf16-pair flag"), std::string::npos) << why;
       }
       const uint32_t flags = jit::runtime_flags(isa, moejit::formats::Format(int32_t(f)), 256);
-      EXPECT_EQ((flags & jit::kFlagBf16Pairs) != 0,
-                isa == jit::Isa::avx512_bf16 && (!jit::host_features().intel || f == KQuant::q6_K))
+      EXPECT_EQ((flags & jit::kFlagBf16Pairs) != 0, isa == jit::Isa::avx512_bf16 &&
+                                                        (!jit::host_features().intel || f == KQuant::q6_K) &&
+                                                        (jit::host_features().gfni || !pairs_need_gfni(f)))
           << name(f);
     }
 }
