@@ -288,12 +288,20 @@ class KQuantPairs : public KQuantDecoder {
   }
 
  protected:
+  // One qword of a vgf2p8affineqb matrix: output bit `to` of every byte takes
+  // input bit `from` (row b of the matrix is byte 7 - b), the other bits none.
+  static uint64_t gf2_rows(std::initializer_list<std::pair<int, int>> to_from) {
+    uint64_t m = 0;
+    for (const auto& [to, from] : to_from) m |= uint64_t(1u << from) << 8 * (7 - to);
+    return m;
+  }
   virtual void emit_block_factors(const Cursor& w) = 0;
   // The factor (sub-block) of lane l of F(t, p), q = 2 t + p.
   virtual int factor_lane(int q, int l) const = 0;
   void emit_factors(const Cursor& /*w*/) override {}
-  // The index vectors of the four F(t, p), and the word mask of vpternlogd's
-  // joins (the low four bits from the quant word, the rest from the other).
+  // The index vectors of the four F(t, p), and the masks of vpternlogd's
+  // joins: the low four bits of every word, or of every byte, from the quant
+  // word, the rest from the other operand.
   void emit_pair_data() {
     Generator& a = g();
     a.align(64);
@@ -302,8 +310,10 @@ class KQuantPairs : public KQuantDecoder {
       for (int l = 0; l < 16; ++l) a.dd(uint32_t(factor_lane(q, l)));
     a.L(l_low4_);
     a.dd(0x000F000Fu);
+    a.dd(0x0F0F0F0Fu);
   }
   Address low4() const { return ptr_b[rip + l_low4_]; }
+  Address low4_bytes() const { return ptr_b[rip + l_low4_ + 4]; }
   Label l_fidx_;
 
  private:
@@ -329,6 +339,8 @@ class Q4Pairs : public KQuantPairs {
     g().vmovups(r_.c[0], ptr[rip + l_words_]);
     if (!q5_)
       for (int q = 0; q < 4; ++q) g().vmovups(r_.c[1 + q], ptr[rip + l_fidx_ + 64 * q]);
+    g().mov(r_.tmp.cvt32(), 0x00FF);
+    g().kmovw(k_lo8, r_.tmp.cvt32());
   }
   void emit_data() override {
     KQuantDecoder::emit_data();
@@ -336,37 +348,65 @@ class Q4Pairs : public KQuantPairs {
     a.align(64);
     a.L(l_words_);  // q4_K: bf16 of i & 15 (vpermw reads five index bits); q5_K: of i
     for (int i = 0; i < 32; ++i) a.dw(formats::f32_to_bf16(float(q5_ ? i : i & 15)));
-    // q5_K: per step t and vector j, the qh word shifts that put the fifth bit
-    // of word w (bit 4 t + 2 (w >= 16) + j % 2 of byte j / 2) on bit 4.
-    a.L(l_counts_);
+    // q5_K: per step t, vgf2p8affineqb's matrices for the low and then the
+    // high nibbles: the fifth bit of byte p's nibble n is bit 4 t + 2 (p >= 32)
+    // + n of qh[p % 32], onto bit 4.
+    a.L(l_fifth_);
     for (int t = 0; t < 2; ++t)
-      for (int j = 0; j < 4; ++j)
-        for (int w = 0; w < 32; ++w) {
-          const int sh = 8 * (j / 2) + 4 * t + 2 * (w >= 16) + j % 2;
-          a.dw(uint16_t(sh < 4 ? 4 - sh : sh - 4));
-        }
-    a.L(l_dm_);  // d on lanes 0..7, dmin on 8..15
-    for (int l = 0; l < 16; ++l) a.dd(uint32_t(l / 8));
+      for (int n = 0; n < 2; ++n)
+        for (int q = 0; q < 8; ++q) a.dq(gf2_rows({{4, 4 * t + 2 * (q / 4) + n}}));
+    a.L(l_dm_);  // d on the lanes of D, dmin on those of M
+    for (int l = 0; l < 16; ++l) a.dd(uint32_t(l / 4 % 2));
+    a.L(l_mins_);  // M_0..7's lanes
+    for (int j = 0; j < 8; ++j) a.dd(uint32_t(m_lane(j)));
+    for (int j = 8; j < 16; ++j) a.dd(0);
+    // The scales' bytes b[0..11] (header bytes 4..15), as kquants.h unpacks them:
+    // sc 0..3 = b[0..3] & 63, m 0..3 = b[4..7] & 63, sc 4..7 = b[8..11] & 15 |
+    // (b[0..3] >> 6) << 4, m 4..7 = b[8..11] >> 4 | (b[4..7] >> 6) << 4. Lanes
+    // 0..7 take b[0..7] & 63 (qword 0 of vgf2p8affineqb's matrices), lanes 8..15
+    // their top two bits on bits 4..5 (qword 1), joined to b[8..11] shifted per
+    // dword (0 for sc, 4 for m) and masked to the low nibble (lanes 8..15 only).
+    a.align(16);
+    a.L(l_sc6_);
+    a.dq(gf2_rows({{0, 0}, {1, 1}, {2, 2}, {3, 3}, {4, 4}, {5, 5}}));
+    a.dq(gf2_rows({{4, 6}, {5, 7}}));
+    for (int d = 0; d < 4; ++d) a.dd(d == 3 ? 4 : 0);
+    a.dq(0);
+    a.dq(0x0F0F0F0F0F0F0F0Full);
     emit_pair_data();
   }
+  // r_.scale's lanes: D_0..3 on 0..3, M_0..3 on 4..7, D_4..7 on 8..11, M_4..7
+  // on 12..15 (each qword of the 6-bit unpack decodes one way).
+  static int d_lane(int j) { return j < 4 ? j : j + 4; }
+  static int m_lane(int j) { return d_lane(j) + 4; }
   // F(t, p): D_(4t+p) on lanes 0..7, D_(4t+2+p) on 8..15.
-  int factor_lane(int q, int l) const override { return 4 * (q / 2) + q % 2 + (l < 8 ? 0 : 2); }
-  // D_j on lanes 0..7 and M_j on 8..15 from the 16 header bytes: the 6-bit
-  // scales by emit_packed6's byte picks, d and dmin onto their lanes by one vpermps.
+  int factor_lane(int q, int l) const override { return d_lane(4 * (q / 2) + q % 2 + (l < 8 ? 0 : 2)); }
+  // The factors from the 16 header bytes: the 6-bit scales and mins as bytes
+  // (two broadcast loads, one vgf2p8affineqb, one vpsrlvd, one vpternlogd;
+  // GFNI), widened, converted and times d or dmin (one vpermps puts them on
+  // their lanes).
   void emit_block_factors(const Cursor& w) override {
     Generator& a = g();
-    const Zmm f = Zmm(r_.scale.getIdx()), o1 = Zmm(r_.w[1].getIdx()), t0 = Zmm(r_.w[2].getIdx()),
-              t1 = Zmm(r_.w[3].getIdx());
-    emit_packed6(ptr[w.at()], f, o1, t0, t1);
+    const Zmm f = Zmm(r_.scale.getIdx()), t0 = Zmm(r_.w[1].getIdx()), t1 = Zmm(r_.w[2].getIdx());
+    const Xmm fx = Xmm(f.getIdx()), tx = Xmm(t0.getIdx());
+    a.vpbroadcastq(fx, ptr[w.at(4)]);   // b[0..7], both qwords
+    a.vpbroadcastd(tx, ptr[w.at(12)]);  // b[8..11], every dword
+    a.vgf2p8affineqb(fx, fx, ptr[rip + l_sc6_], 0);
+    a.vpsrlvd(tx, tx, ptr[rip + l_sc6_ + 16]);
+    a.vpternlogd(fx, tx, ptr[rip + l_sc6_ + 32], 0xF8);  // fx | (tx & mask)
+    a.vpmovzxbd(f, fx);
     a.vcvtdq2ps(f, f);
-    a.vcvtph2ps(Xmm(o1.getIdx()), ptr[w.at()]);  // d, dmin, (two halves of scale bytes)
-    a.vmovups(t0, ptr[rip + l_dm_]);
-    a.vpermps(t1, t0, o1);
+    a.vcvtph2ps(tx, ptr[w.at()]);  // d, dmin, (two halves of scale bytes)
+    a.vmovups(t1, ptr[rip + l_dm_]);
+    a.vpermps(t1, t1, t0);
     a.vmulps(f, f, t1);
   }
   void load_mins(const Xmm& dst, const Cursor& /*w*/) override {
-    g().vextractf32x8(Ymm(dst.getIdx()), Zmm(r_.scale.getIdx()), 1);
+    const Zmm m = Zmm(dst.getIdx());
+    g().vmovups(m, ptr[rip + l_mins_]);
+    g().vpermps(m | k_lo8 | T_z, m, Zmm(r_.scale.getIdx()));  // lanes 8..15 zero
   }
+  bool needs_gfni() const override { return true; }
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
     Generator& a = g();
     if (!q5_) {
@@ -375,22 +415,22 @@ class Q4Pairs : public KQuantPairs {
       return;
     }
     // q5_K: the fifth bit of element i of sub-block s is bit s of qh[i] (the
-    // 32 bytes at 16, broadcast to both 256-bit halves), shifted per word onto
-    // bit 4 and joined to the nibble by one vpternlogd; vpermw reads 5 bits.
-    const Zmm v0 = Zmm(dst[0].getIdx()), hb = Zmm(r_.c[1].getIdx());
-    a.vmovdqu32(v0, ptr[w.at(48 + 64 * t)]);
-    for (int j = 1; j < 4; ++j) a.vpsrlw(Zmm(dst[j].getIdx()), v0, 4 * j);
-    for (int j = 0; j < 4; ++j) {
-      const Zmm v = Zmm(dst[j].getIdx());
-      const Address counts = ptr[rip + l_counts_ + 64 * (4 * t + j)];
-      a.vbroadcasti64x4(hb, ptr[w.at(16)]);
-      if (t == 0 && j < 2)
-        a.vpsllvw(hb, hb, counts);
-      else
-        a.vpsrlvw(hb, hb, counts);
-      a.vpternlogd(v, hb, low4(), 0xE4);  // low4 ? nibble : fifth bit
-      a.vpermw(v, v, Zmm(r_.c[0].getIdx()));
-    }
+    // 32 bytes at 16, broadcast to both 256-bit halves). The low nibbles of
+    // the step's bytes keep bits 0..3 and take their fifth bits on bit 4 (one
+    // vgf2p8affineqb of qh, GFNI, and one vpternlogd); so do the high nibbles,
+    // shifted down by 4. Vectors 2 and 3 are those words shifted by 8.
+    const Zmm d0 = Zmm(dst[0].getIdx()), d1 = Zmm(dst[1].getIdx()), d2 = Zmm(dst[2].getIdx()),
+              d3 = Zmm(dst[3].getIdx()), hb = Zmm(r_.c[1].getIdx());
+    a.vbroadcasti64x4(hb, ptr[w.at(16)]);
+    a.vmovdqu32(d0, ptr[w.at(48 + 64 * t)]);
+    a.vpsrlw(d1, d0, 4);
+    a.vgf2p8affineqb(d2, hb, ptr[rip + l_fifth_ + 128 * t], 0);
+    a.vgf2p8affineqb(hb, hb, ptr[rip + l_fifth_ + 128 * t + 64], 0);
+    a.vpternlogd(d0, d2, low4_bytes(), 0xE4);  // low nibbles ? nibble : fifth bit
+    a.vpternlogd(d1, hb, low4_bytes(), 0xE4);
+    a.vpsrlw(d2, d0, 8);
+    a.vpsrlw(d3, d1, 8);
+    for (int j = 0; j < 4; ++j) a.vpermw(Zmm(dst[j].getIdx()), Zmm(dst[j].getIdx()), Zmm(r_.c[0].getIdx()));
   }
   // F(t, p) into a widened-weight register (free once the step's products ran).
   void emit_factor_vector(const Xmm& dst, int t, int p) override {
@@ -400,7 +440,7 @@ class Q4Pairs : public KQuantPairs {
 
  private:
   bool q5_;
-  Label l_words_, l_dm_, l_counts_;
+  Label l_words_, l_dm_, l_fifth_, l_mins_, l_sc6_;
 };
 
 // q6_K as bf16 pairs (kFlagBf16Pairs): step h takes the 64 ql bytes and
@@ -473,12 +513,14 @@ class Q6Pairs : public KQuantPairs {
 // byte 32 h + 16 s + l >> 2 j) sits in word 16 h + 8 s + l / 2 of vector
 // i = 2 (l % 2) + j % 2 of step t = j / 2 (XLayout::bf16_kq2), and dword lane L
 // of a vector is sub-block 8 (L / 8) + 2 j + L % 8 / 4: vectors i and i + 2 of
-// a step share their four sub-blocks. q3_K's hmask bit 4 h + j of byte 16 s + l
-// reaches bit 4 of its word by one vprolvd of the broadcast hmask (both words of
-// a dword share h, so one rotation per dword serves left and right shifts) and
-// is joined by one vpternlogd; the table holds bf16(crumb - 4 + 4 hbit).
-// q2_K's mins M_j = dmin (sc[j] >> 4) are widened at the block's end
-// (load_mins).
+// a step share their four sub-blocks. q3_K joins the hmask bits once per step:
+// its crumbs 2 t and 2 t + 1 of every byte (step 1: the bytes shifted right by
+// 4) keep bits 0..3, and one vgf2p8affineqb of the broadcast hmask (GFNI) puts
+// their hmask bits 4 h + 2 t and 4 h + 2 t + 1 of the byte with the same index
+// on bits 4 and 6, joined by one vpternlogd; shifts by 0, 2, 8 and 10 then
+// leave each crumb on index bits 0..1 and its hmask bit on bit 4, and the table
+// holds bf16(crumb - 4 + 4 hbit). q2_K's mins M_j = dmin (sc[j] >> 4) are
+// widened at the block's end (load_mins).
 class Q23Pairs : public KQuantPairs {
  public:
   explicit Q23Pairs(const KernelKey& key)
@@ -491,36 +533,47 @@ class Q23Pairs : public KQuantPairs {
     a.L(l_values_);  // index bits 0..1 the crumb, bit 4 q3_K's hmask bit
     for (int i = 0; i < 32; ++i)
       a.dw(formats::f32_to_bf16(q3_ ? float((i & 3) - 4 + 4 * ((i >> 4) & 1)) : float(i & 3)));
-    // q3_K, per step t and vector i: the dword rotations that put the hmask
-    // bit of each word on its bit 4 (both words of a dword share h).
-    a.L(l_rot_);
+    // q3_K, per step t: vgf2p8affineqb's matrices, one per qword (h = qword / 4).
+    // Row b of a matrix is byte 7 - b: output bit 4 takes hmask bit 4 h + 2 t,
+    // bit 6 bit 4 h + 2 t + 1, the other bits none.
+    a.L(l_hbits_);
     for (int t = 0; t < 2; ++t)
-      for (int i = 0; i < 4; ++i)
-        for (int l = 0; l < 16; ++l) {
-          const int k = crumb(t, i), bit = 8 * (k / 4) + 4 * (l / 8) + k % 4;
-          a.dd(uint32_t((36 - bit) % 32));
-        }
+      for (int q = 0; q < 8; ++q) {
+        const int bit = 4 * (q / 4) + 2 * t;
+        a.dq(gf2_rows({{4, bit}, {6, bit + 1}}));
+      }
+    a.L(l_low6b_);
+    a.dd(0x3F3F3F3Fu);
+    // q3_K's scales s_j = (b[j % 8] >> 4 (j / 8)) & 15 | ((b[8 + j % 4] >> 2 (j / 4)) & 3) << 4
+    // (b = the 12 bytes at 96) as the bytes 4 (s_j - 32) = (s_j ^ 32) << 2:
+    // vgf2p8affineqb puts the nibble of b[j % 8] on bits 2..5 (qword 0 the low,
+    // qword 1 the high) and sets bit 7; vpsllvd by 6 - 2 (j / 4) puts the crumb
+    // on bits 6..7, joined by one vpternlogd (its top bit flipped by bit 7).
+    a.align(16);
+    a.L(l_sc3_);
+    a.dq(gf2_rows({{2, 0}, {3, 1}, {4, 2}, {5, 3}}));
+    a.dq(gf2_rows({{2, 4}, {3, 5}, {4, 6}, {5, 7}}));
+    for (int d = 0; d < 4; ++d) a.dd(uint32_t(6 - 2 * d));
     emit_pair_data();
   }
+  bool needs_gfni() const override { return q3_; }
   // F(t, p): lane l takes sub-block 8 (l / 8) + 2 (2 t + p) + l % 8 / 4.
   int factor_lane(int q, int l) const override { return 8 * (l / 8) + 2 * q + l % 8 / 4; }
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
     Generator& a = g();
-    const Zmm v0 = Zmm(dst[0].getIdx()), hb = Zmm(r_.c[1].getIdx()), hm = Zmm(r_.c[2].getIdx());
+    const Zmm v0 = Zmm(dst[0].getIdx()), hb = Zmm(r_.c[1].getIdx());
     a.vmovdqu32(v0, ptr[w.at(q3_ ? 32 : 16)]);
-    if (q3_) a.vbroadcasti64x4(hm, ptr[w.at(0)]);  // hmask, word w at w % 16
-    for (int i = 3; i >= 0; --i) {                 // vector 0 last: the others shift its load
-      const int k = crumb(t, i);
+    if (q3_) {
+      a.vbroadcasti64x4(hb, ptr[w.at(0)]);  // hmask, word w at w % 16
+      a.vgf2p8affineqb(hb, hb, ptr[rip + l_hbits_ + 64 * t], 0);
+      if (t == 1) a.vpsrlw(v0, v0, 4);
+      a.vpternlogd(v0, hb, low4_bytes(), 0xE4);  // low nibbles ? crumbs : hmask bits
+    }
+    for (int i = 3; i >= 0; --i) {  // vector 0 last: the others shift its load
+      const int k = q3_ ? crumb(0, i) : crumb(t, i);
       if (k > 0) a.vpsrlw(Zmm(dst[i].getIdx()), v0, 2 * k);
     }
-    for (int i = 0; i < 4; ++i) {
-      const Zmm v = Zmm(dst[i].getIdx());
-      if (q3_) {
-        a.vprolvd(hb, hm, ptr[rip + l_rot_ + 64 * (4 * t + i)]);
-        a.vpternlogd(v, hb, low4(), 0xE4);  // low4 ? crumb : hmask bit
-      }
-      a.vpermw(v, v, Zmm(r_.c[0].getIdx()));
-    }
+    for (int i = 0; i < 4; ++i) a.vpermw(Zmm(dst[i].getIdx()), Zmm(dst[i].getIdx()), Zmm(r_.c[0].getIdx()));
   }
   void load_mins(const Xmm& dst, const Cursor& w) override {  // q2_K: M_j = dmin (sc[j] >> 4)
     Generator& a = g();
@@ -537,11 +590,16 @@ class Q23Pairs : public KQuantPairs {
   // D_j of the block's 16 sub-blocks in r_.scale, from its first step on.
   void emit_block_factors(const Cursor& w) override {
     Generator& a = g();
-    const Zmm f = Zmm(r_.scale.getIdx()), o1 = Zmm(r_.w[1].getIdx()), t0 = Zmm(r_.w[2].getIdx()),
-              t1 = Zmm(r_.w[3].getIdx());
-    if (q3_) {  // 6-bit scales - 32, from the 16 bytes that end at d
-      emit_packed6(ptr[w.at(94)], f, o1, t0, t1);
-      a.vpsubd(f, f, ptr_b[rip + d_.c32]);
+    const Zmm f = Zmm(r_.scale.getIdx()), o1 = Zmm(r_.w[1].getIdx());
+    if (q3_) {  // 6-bit scales - 32 (l_sc3_)
+      const Xmm fx = Xmm(f.getIdx()), tx = Xmm(o1.getIdx());
+      a.vpbroadcastq(fx, ptr[w.at(96)]);   // b[0..7], both qwords
+      a.vpbroadcastd(tx, ptr[w.at(104)]);  // b[8..11], every dword
+      a.vgf2p8affineqb(fx, fx, ptr[rip + l_sc3_], 0x80);
+      a.vpsllvd(tx, tx, ptr[rip + l_sc3_ + 16]);
+      a.vpternlogd(fx, tx, ptr_b[rip + l_low6b_], 0xB4);  // 0x3F ? fx : fx ^ tx
+      a.vpmovsxbd(f, fx);
+      a.vpsrad(f, f, 2);
     } else {  // low nibbles
       a.vpmovzxbd(f, ptr[w.at()]);
       a.vpandd(f, f, ptr_b[rip + d_.c15]);
@@ -552,7 +610,7 @@ class Q23Pairs : public KQuantPairs {
   }
 
   bool q3_;
-  Label l_values_, l_rot_;
+  Label l_values_, l_hbits_, l_low6b_, l_sc3_;
 };
 
 // q6_K: step t = 2h + p holds the four sub-blocks j = 8h + 4a + p + 2rh (i =
