@@ -7,7 +7,8 @@
 //   kernel_hashes                 print "name size fnv1a64" per kernel
 //   kernel_hashes --check FILE    compare with FILE; kernels this CPU cannot
 //                                 generate (no VBMI, no tier) are skipped
-//   kernel_hashes --write FILE    write FILE
+//   kernel_hashes --write FILE    write FILE; the lines of keys this CPU
+//                                 cannot generate are kept from FILE
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -149,9 +150,10 @@ int main(int argc, char** argv) {
   const char* mode = argc >= 3 ? argv[1] : "";
   const char* file = argc >= 3 ? argv[2] : nullptr;
   std::map<std::string, std::string> golden;
-  if (std::strcmp(mode, "--check") == 0) {
+  const bool write = std::strcmp(mode, "--write") == 0;
+  if (std::strcmp(mode, "--check") == 0 || write) {
     std::ifstream in(file);
-    if (!in) {
+    if (!in && !write) {
       std::fprintf(stderr, "kernel_hashes: cannot read %s\n", file);
       return 2;
     }
@@ -167,6 +169,8 @@ int main(int argc, char** argv) {
     std::string why;
     if (!jit::gemv_supported(key, &why)) {
       ++skipped;
+      const auto kept = golden.find(key.name());
+      if (write && kept != golden.end()) out << key.name() << ' ' << kept->second << '\n';
       continue;
     }
     auto k = jit::generate_gemv(key, &why);
@@ -178,7 +182,7 @@ int main(int argc, char** argv) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%zu %016" PRIx64, k->code_size(), fnv1a(k->code(), k->code_size()));
     out << key.name() << ' ' << buf << '\n';
-    if (!golden.empty()) {
+    if (!golden.empty() && !write) {
       auto it = golden.find(key.name());
       if (it == golden.end()) {
         if (++missing <= 10) std::fprintf(stderr, "not in the golden file: %s\n", key.name().c_str());
@@ -190,7 +194,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "kernel_hashes: %d kernels generated, %d keys this CPU cannot generate\n", generated,
                skipped);
-  if (std::strcmp(mode, "--write") == 0) {
+  if (write) {
     std::ofstream f(file);
     f << out.str();
     return f ? 0 : 1;
