@@ -16,7 +16,7 @@
 // vfmadd231ps half a cycle for 16, so fp32 multiplies at twice the rate
 // (docs/PERFORMANCE.md, "K-quants"). On AMD (Zen 5: 0.73 against 0.54 cycles)
 // the pairs are cheaper: every K-quant has a bf16-pair decode (KQuantPairs,
-// kFlagBf16Pairs), which the runtime runs there and, for q6_K, on Intel too.
+// kFlagBf16Pairs), which the runtime runs there and, for all but q2_K, on Intel too.
 // The sub-block factors then scale each step's sums, since d sc[j] q does not
 // fit a bf16.
 //

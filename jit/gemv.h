@@ -53,9 +53,9 @@ constexpr uint32_t kFlagLinePrefetch = 2;
 // fp32 d sc[j] q and vfmadd231ps with fp32 x. runtime_flags sets it on AMD,
 // where a 512-bit vdpbf16ps costs about what a vfmadd231ps does for twice the
 // products (Zen 5: 0.73 against 0.54 cycles, moejit-bench-ports), and on Intel
-// for q6_K only: there vdpbf16ps costs two cycles, and only q6_K's fp32 decode
-// costs more than the pairs (docs/PERFORMANCE.md). Other formats and tiers
-// reject it.
+// for every K-quant but q2_K: there vdpbf16ps costs two cycles, but the pairs'
+// decode costs fewer instructions than the fp32 one but for q2_K's
+// (docs/PERFORMANCE.md). Other formats and tiers reject it.
 constexpr uint32_t kFlagBf16Pairs = 4;
 
 // Whether a kernel's decode uses AVX512_VBMI: the vpermi2b byte tables of
@@ -108,7 +108,7 @@ Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags =
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU
 // (kFlagNoVbmi where the byte tables cannot be used; kFlagLinePrefetch for
-// bf16 on Intel; kFlagBf16Pairs for the K-quants on AMD, q6_K on Intel).
+// bf16 on Intel; kFlagBf16Pairs for the K-quants on AMD, all but q2_K on Intel).
 uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group);
 
 // Largest tokens-per-call a generated kernel holds in registers: for the
