@@ -77,6 +77,9 @@ constexpr int kSparsePrefetchBytes = 1024;
 // layers' buffers since 3eba768) the line is the Xeons' 48 KiB of L1 data:
 // above it (K = 2048 with 6 tokens, K = 4096 with 3) chunks gained 0.97-1.16x,
 // at 35-44 KiB (4-5 tokens) they cost 2-10%, so those calls keep the row order.
+// Kernels with several running totals per token (the K-quants' bf16 pairs:
+// two) keep each of them in a stash slot of its own between chunks and add
+// them after the last, with the unchunked kernel's tree.
 constexpr int64_t kChunkMinXBytes = 48 * 1024;  // a call's x above this is chunked
 constexpr int64_t kChunkXBytes = 16 * 1024;     // x of all tokens per chunk
 
@@ -130,12 +133,13 @@ class RowBody : public Generator {
     if (sparse_ && nfull > 0 && nfull * (shape_.block / shape_.vec_elems) <= kMaxRowUnrollVectors)
       unroll_ = int(nfull);
     // Chunks of K (see kChunkXBytes): rules that support them with no scale
-    // cursor (their scales ride in the weights), one running total (kept in
-    // the stash slot) and no total factor; a group's rows must be a 32-bit
-    // displacement (the rewind between chunks).
+    // cursor (their scales ride in the weights), fp32 x or step-scaled bf16
+    // pairs (the two measured), running totals (kept in stash slots) and no
+    // total factor; a group's rows must be a 32-bit displacement (the rewind
+    // between chunks).
     const int64_t call_x = key.tokens * xstride_bytes_;
-    if (rule_ && rule_->chunkable() && rule_->block_bytes() == 0 && fma_f32_ && key.tokens > 1 &&
-        plan_.nt == 1 && dec_->total_factor() == 1.0f && key.k % shape_.block == 0 &&
+    if (rule_ && rule_->chunkable() && rule_->block_bytes() == 0 && (fma_f32_ || shape_.step_scaled) &&
+        key.tokens > 1 && plan_.nt >= 1 && dec_->total_factor() == 1.0f && key.k % shape_.block == 0 &&
         call_x > kChunkMinXBytes && group_rows() * row_bytes_ <= (int64_t(1) << 30)) {
       // The most blocks that fit, dividing the row's blocks into equal chunks.
       const int64_t fit = std::max<int64_t>(1, kChunkXBytes / (key.tokens * xblock_bytes_));
@@ -215,7 +219,9 @@ class RowBody : public Generator {
   void emit_data();
   void emit_rows();
   void emit_row();
-  void emit_blocks(int64_t nfull, bool tail_too);
+  // Blocks from the cursors, then the row's totals summed into the stash;
+  // chunked kernels (chunk true) store each running total to its slot instead.
+  void emit_blocks(int64_t nfull, bool tail_too, bool chunk = false);
   void emit_chunked_rows();
   void emit_group(int n);
   void emit_block(int n, int ti);
@@ -263,10 +269,17 @@ class RowBody : public Generator {
   // sums are those of that tree.
   int group_rows() const { return tt_.vec_bytes / 4; }
   int vbytes() const { return tt_.vec_bytes; }
-  // G rows x tokens vectors, then one vector to spill a partial group's sums.
-  int stash_bytes() const { return (group_rows() * key_.tokens + 1) * vbytes(); }
+  // G rows x tokens vectors, then one vector to spill a partial group's sums
+  // (and the chunks' offsets), then, in chunked kernels with nt > 1 running
+  // totals, nt - 1 more areas of G x tokens vectors for totals 1..nt - 1.
+  int stash_bytes() const {
+    const int extra = chunk_blocks_ > 0 ? plan_.nt - 1 : 0;
+    return (group_rows() * key_.tokens * (1 + extra) + 1) * vbytes();
+  }
   int stash_off() const { return rule_stack_bytes(); }  // above the scale rule's area
   int spill_off() const { return stash_off() + group_rows() * key_.tokens * vbytes(); }
+  // From a row's stash slot (reg_st) to that of its running total j.
+  int total_disp(int j) const { return j == 0 ? 0 : (group_rows() * key_.tokens * j + 1) * vbytes(); }
   Address stash_slot(int row, int m) const {
     return ptr[rsp + stash_off() + (row * key_.tokens + m) * vbytes()];
   }
@@ -418,7 +431,9 @@ void RowBody::emit_group(int n) {
   const Address left = qword[rsp + spill_off() + 16];  // chunks left
   const Xmm z = v_w(0);
   vxorps(z, z, z);
-  for (int i = 0; i < n * key_.tokens; ++i) vmovups(ptr[rsp + stash_off() + i * vbytes()], z);
+  for (int j = 0; j < plan_.nt; ++j)
+    for (int i = 0; i < n * key_.tokens; ++i)
+      vmovups(ptr[rsp + stash_off() + total_disp(j) + i * vbytes()], z);
   mov(off_w, 0);
   mov(off_x, 0);
   mov(left, chunks);
@@ -428,12 +443,13 @@ void RowBody::emit_group(int n) {
   mov(reg_rg, n);
   L(l_row);
   rule_->begin_row_blocks(off_w, chunk_blocks_);
-  for (int m = 0; m < key_.tokens; ++m) vmovups(tot(m), ptr[reg_st + m * vbytes()]);
+  for (int m = 0; m < key_.tokens; ++m)
+    for (int j = 0; j < plan_.nt; ++j) vmovups(tot(m, j), ptr[reg_st + total_disp(j) + m * vbytes()]);
   mov(reg_wk, reg_wt);
   add(reg_wk, off_w);
   mov(reg_xk, reg_x0);
   add(reg_xk, off_x);
-  emit_blocks(chunk_blocks_, false);
+  emit_blocks(chunk_blocks_, false, true);
   add(reg_wt, row_bytes_);
   rule_->next_row();
   add(reg_st, key_.tokens * vbytes());
@@ -449,6 +465,17 @@ void RowBody::emit_group(int n) {
   add(off_x, int32_t(chunk_blocks_ * xblock_bytes_));
   jmp(l_chunk, T_NEAR);
   L(l_done);
+  if (plan_.nt > 1) {  // each row's totals summed as the unchunked kernel sums them
+    phase("store");
+    for (int i = 0; i < n; ++i) {
+      const int row = (i * key_.tokens) * vbytes();
+      for (int m = 0; m < key_.tokens; ++m)
+        for (int j = 0; j < plan_.nt; ++j)
+          vmovups(tot(m, j), ptr[rsp + stash_off() + total_disp(j) + row + m * vbytes()]);
+      sum_tots();
+      for (int m = 0; m < key_.tokens; ++m) vmovups(ptr[rsp + stash_off() + row + m * vbytes()], tot(m));
+    }
+  }
   reduce_group(n);
 }
 
@@ -478,7 +505,7 @@ void RowBody::emit_row() {
 
 // nfull blocks from the cursors (and the row's tail when `tail_too`), then the
 // row's totals into its stash slot.
-void RowBody::emit_blocks(int64_t nfull, bool tail_too) {
+void RowBody::emit_blocks(int64_t nfull, bool tail_too, bool chunk) {
   const int tail = tail_too ? int(key_.k % shape_.block) : 0;
   const int block_bytes = dec_->block_bytes();
   const int64_t iters = nfull / unroll_;
@@ -516,6 +543,11 @@ void RowBody::emit_blocks(int64_t nfull, bool tail_too) {
   finish_prefetch_span();
   set_block_disp(0);
   phase("store");
+  if (chunk) {  // no total factor (the constructor's condition)
+    for (int m = 0; m < key_.tokens; ++m)
+      for (int j = 0; j < plan_.nt; ++j) vmovups(ptr[reg_st + total_disp(j) + m * vbytes()], tot(m, j));
+    return;
+  }
   if (scaled_)
     sum_tots();
   else

@@ -163,6 +163,41 @@ TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
   }
 }
 
+// K-chunked kernels (jit/row_body.cpp: a call's prepared x above 48 KiB, here
+// 4 and 5 tokens at K = 7168, fp32 x or bf16 pairs with their two running
+// totals) give each token the bits of the same token alone (one token is
+// never chunked): batch invariance across the chunked order of rows.
+TEST_P(KQuantKernels, ChunkedCallsKeepEachTokensBits) {
+  const Variant v = GetParam();
+  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name << (pairs(v) ? " (or GFNI)" : "");
+  moejit_test::Rng rng(41);
+  const int k = 7168, rows = 19;  // a full group of 16 (8 on avx2) and a partial one
+  for (KQuant f : kAll) {
+    const Bank b = make_bank(f, rows, k, rng);
+    for (int tokens : {4, 5}) {
+      std::vector<float> x;
+      for (int m = 0; m < tokens; ++m) {
+        const std::vector<float> xm = bf16_x(k, rng);
+        x.insert(x.end(), xm.begin(), xm.end());
+      }
+      const jit::KernelKey key = make_key(v, f, k, rows, tokens);
+      if (tokens > jit::max_tokens_per_call(key)) continue;
+      const auto many = kernel(key);
+      const auto one = kernel(make_key(v, f, k, rows, 1));
+      ASSERT_TRUE(many && one);
+      const std::vector<float> y = run(*many, b, x);
+      for (int m = 0; m < tokens; ++m) {
+        const std::vector<float> xm(x.begin() + ptrdiff_t(m) * k, x.begin() + ptrdiff_t(m + 1) * k);
+        const std::vector<float> y1 = run(*one, b, xm);
+        for (int r = 0; r < rows; ++r)
+          ASSERT_EQ(std::memcmp(&y[size_t(m) * rows + r], &y1[size_t(r)], 4), 0)
+              << many->key().name() << " token " << m << " row " << r << ": " << y[size_t(m) * rows + r]
+              << " alone " << y1[size_t(r)];
+      }
+    }
+  }
+}
+
 // Every byte value of every byte of the scale fields (and of d and dmin):
 // row r of 256 holds value r in the byte under test, the rest random.
 TEST_P(KQuantKernels, EveryScaleByteValue) {
