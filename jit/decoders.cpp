@@ -134,6 +134,8 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
   if (isa == Isa::avx512_bf16 && (!host_features().intel || format != Format::q2_K)) {
     const auto dec = make_decoder(decoder_key(isa, format, flags | kFlagBf16Pairs));
     if (dec && dec->kquant_pairs() && (!dec->needs_gfni() || host_features().gfni)) flags |= kFlagBf16Pairs;
+    // Intel's pair kernels keep the row order (gemv.h).
+    if ((flags & kFlagBf16Pairs) && host_features().intel) flags |= kFlagRowOrder;
   }
   return flags;
 }

@@ -77,13 +77,17 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "k is too large for 32-bit displacements";
     return false;
   }
-  if ((key.flags & ~(kFlagNoVbmi | kFlagLinePrefetch | kFlagBf16Pairs)) != 0) {
+  if ((key.flags & ~(kFlagNoVbmi | kFlagLinePrefetch | kFlagBf16Pairs | kFlagRowOrder)) != 0) {
     *why = "unknown kernel flags";
     return false;
   }
   if ((key.flags & kFlagLinePrefetch) && dec->streams_with_prefetch()) {
     *why = std::string("the line-prefetch flag is for formats the hardware prefetchers stream (bf16), not ") +
            formats::format_name(f);
+    return false;
+  }
+  if ((key.flags & kFlagRowOrder) && !(key.flags & kFlagBf16Pairs)) {
+    *why = "the row-order flag is for the K-quants' bf16-pair kernels (with kFlagBf16Pairs)";
     return false;
   }
   if ((key.flags & kFlagBf16Pairs) && !dec->kquant_pairs()) {

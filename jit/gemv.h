@@ -57,6 +57,14 @@ constexpr uint32_t kFlagLinePrefetch = 2;
 // decode costs fewer instructions than the fp32 one but for q2_K's
 // (docs/PERFORMANCE.md). Other formats and tiers reject it.
 constexpr uint32_t kFlagBf16Pairs = 4;
+// With kFlagBf16Pairs: multi-token kernels keep the row order whatever the
+// size of their x, instead of K chunks above 48 KiB (jit/row_body.cpp; the
+// same bits either way). runtime_flags sets it on Intel: on the 16-core Xeon
+// (DeepSeek-V3, 16 threads, three rounds) chunked pair kernels were 0.90x
+// (q4_K) and 0.91x (q5_K) at 16 tokens and 0.95-1.07x at 64, where on Zen 5
+// they gained 1.07-1.30x at 64 tokens (docs/PERFORMANCE.md). Kernels without
+// kFlagBf16Pairs reject it.
+constexpr uint32_t kFlagRowOrder = 8;
 
 // Whether a kernel's decode uses AVX512_VBMI: the vpermi2b byte tables of
 // 8-bit formats, and the vpermt2b that gathers a q4_0 chunk's quants.

@@ -134,13 +134,15 @@ class RowBody : public Generator {
       unroll_ = int(nfull);
     // Chunks of K (see kChunkXBytes): rules that support them with no scale
     // cursor (their scales ride in the weights), fp32 x or step-scaled bf16
-    // pairs (the two measured), running totals (kept in stash slots) and no
+    // pairs (the two measured; not with kFlagRowOrder, Intel's pair kernels),
+    // running totals (kept in stash slots) and no
     // total factor; a group's rows must be a 32-bit displacement (the rewind
     // between chunks).
     const int64_t call_x = key.tokens * xstride_bytes_;
     if (rule_ && rule_->chunkable() && rule_->block_bytes() == 0 && (fma_f32_ || shape_.step_scaled) &&
-        key.tokens > 1 && plan_.nt >= 1 && dec_->total_factor() == 1.0f && key.k % shape_.block == 0 &&
-        call_x > kChunkMinXBytes && group_rows() * row_bytes_ <= (int64_t(1) << 30)) {
+        !(key.flags & kFlagRowOrder) && key.tokens > 1 && plan_.nt >= 1 && dec_->total_factor() == 1.0f &&
+        key.k % shape_.block == 0 && call_x > kChunkMinXBytes &&
+        group_rows() * row_bytes_ <= (int64_t(1) << 30)) {
       // The most blocks that fit, dividing the row's blocks into equal chunks.
       const int64_t fit = std::max<int64_t>(1, kChunkXBytes / (key.tokens * xblock_bytes_));
       for (int64_t c = std::min(fit, nfull - 1); c >= 1 && chunk_blocks_ == 0; --c)

@@ -141,6 +141,9 @@ std::vector<jit::KernelKey> all_keys() {
   // q4_K, q6_K and q5_K first, as they were added).
   for (Format f : {Format::q4_K, Format::q6_K, Format::q5_K, Format::q2_K, Format::q3_K})
     add_kquant(f, jit::Isa::avx512_bf16, jit::kFlagBf16Pairs);
+  // Intel's pair kernels (kFlagRowOrder: no K chunks).
+  for (Format f : {Format::q4_K, Format::q6_K, Format::q5_K, Format::q3_K})
+    add_kquant(f, jit::Isa::avx512_bf16, jit::kFlagBf16Pairs | jit::kFlagRowOrder);
   return keys;
 }
 

@@ -35,11 +35,13 @@ struct Variant {
 // The no-VBMI flag changes nothing for the K-quants; it is kept to show that.
 // The bf16-pair flag (AMD's choice) changes every K-quant's avx512_bf16 decode;
 // the other tiers reject it (BfPairsOnlyOnAvx512Bf16).
-const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
-                             {jit::Isa::avx512, 0, "avx512"},
-                             {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
-                             {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"},
-                             {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs, "avx512_bf16_pairs"}};
+const Variant kVariants[] = {
+    {jit::Isa::avx2, 0, "avx2"},
+    {jit::Isa::avx512, 0, "avx512"},
+    {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
+    {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"},
+    {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs, "avx512_bf16_pairs"},
+    {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs | jit::kFlagRowOrder, "avx512_bf16_pairs_row_order"}};
 
 // The formats a variant's kernels exist for.
 
@@ -311,7 +313,35 @@ TEST(KQuantKernels, BfPairsOnlyOnAvx512Bf16) {
                                                         (!jit::host_features().intel || f != KQuant::q2_K) &&
                                                         (jit::host_features().gfni || !pairs_need_gfni(f)))
           << name(f);
+      // Intel's pair kernels keep the row order (kFlagRowOrder), AMD's chunk K.
+      EXPECT_EQ((flags & jit::kFlagRowOrder) != 0,
+                (flags & jit::kFlagBf16Pairs) && jit::host_features().intel)
+          << name(f);
     }
+}
+
+// kFlagRowOrder: only with the bf16 pairs (refused with the reason), and it
+// changes exactly the kernels that would chunk K (x above 48 KiB: 4 tokens at
+// K = 7168, not at K = 2048).
+TEST(KQuantKernels, RowOrderFlagKeepsPairKernelsUnchunked) {
+  if (!jit::isa_available(jit::Isa::avx512_bf16) || !jit::host_features().gfni)
+    GTEST_SKIP() << "this CPU lacks avx512_bf16 (or GFNI)";
+  for (KQuant f : kAll) {
+    std::string why;
+    EXPECT_FALSE(jit::gemv_supported(
+        make_key(Variant{jit::Isa::avx512_bf16, jit::kFlagRowOrder, ""}, f, 512, 16, 1), &why));
+    EXPECT_NE(why.find("row-order flag"), std::string::npos) << why;
+    for (int k : {2048, 7168}) {
+      const auto chunked =
+          kernel(make_key(Variant{jit::Isa::avx512_bf16, jit::kFlagBf16Pairs, ""}, f, k, 16, 4));
+      const auto rows = kernel(make_key(
+          Variant{jit::Isa::avx512_bf16, jit::kFlagBf16Pairs | jit::kFlagRowOrder, ""}, f, k, 16, 4));
+      ASSERT_TRUE(chunked && rows);
+      const bool same = chunked->code_size() == rows->code_size() &&
+                        std::memcmp(chunked->code(), rows->code(), rows->code_size()) == 0;
+      EXPECT_EQ(same, k == 2048) << name(f) << " K = " << k;
+    }
+  }
 }
 
 // The prepared x of the pair decode: element i of sub-block s of a
