@@ -621,6 +621,9 @@ class Q23Pairs : public KQuantPairs {
 class Q6Zmm : public KQuantDecoder {
  public:
   explicit Q6Zmm(const KernelKey& key) : KQuantDecoder(key, XLayout::f32_kq6) {}
+  std::string describe() const override {
+    return "K-quant -> fp32 (vcvtdq2ps, D_j q - 32 D_j by one FMA), vfmadd231ps";
+  }
   void emit_decode_constants() override {
     g().broadcast_u32(r_.c[0], 0x0F, r_.tmp.cvt32());
     g().broadcast_u32(r_.c[1], 0x3F, r_.tmp.cvt32());
