@@ -189,8 +189,7 @@ class Q45Zmm : public KQuantDecoder {
     g().vmovups(r_.c[0], ptr[rip + d_.base]);
     g().mov(r_.tmp.cvt32(), kGroup2Lanes);
     g().kmovw(k_grp2, r_.tmp.cvt32());
-    g().mov(r_.tmp.cvt32(), 0x00FF);
-    g().kmovw(k_lo8, r_.tmp.cvt32());
+    set_lo8();
   }
   // The 6-bit scales and mins unpacked in general-purpose registers (their
   // ALU ports are the ones the vector code leaves idle; the vector unpack cost
@@ -339,8 +338,7 @@ class Q4Pairs : public KQuantPairs {
     g().vmovups(r_.c[0], ptr[rip + l_words_]);
     if (!q5_)
       for (int q = 0; q < 4; ++q) g().vmovups(r_.c[1 + q], ptr[rip + l_fidx_ + 64 * q]);
-    g().mov(r_.tmp.cvt32(), 0x00FF);
-    g().kmovw(k_lo8, r_.tmp.cvt32());
+    set_lo8();  // load_mins's zeroing mask
   }
   void emit_data() override {
     KQuantDecoder::emit_data();

@@ -177,6 +177,11 @@ class KQuantDecoder : public Decoder {
   Address e_bcst(int j) const { return ptr_b[rec_ + kEOff + 4 * j]; }
   Address half_bcst(int lane) const { return ptr_b[rec_ + kHalfOff + 4 * lane]; }
   Address bit_bcst(int j) const { return ptr_b[rip + d_.bits + 4 * j]; }
+  // k_lo8 = lanes 0..7 (a decode's constants).
+  void set_lo8() {
+    g().mov(r_.tmp.cvt32(), 0x00FF);
+    g().kmovw(k_lo8, r_.tmp.cvt32());
+  }
   // dst = the fp16 at `at`, widened, on every lane.
   void bcast_half(const Xmm& dst, const Address& at) {
     g().vpbroadcastw(half_of(dst), at);

@@ -197,7 +197,7 @@ class Decoder : public DecodePart {
   }
   // AVX512_VBMI instructions in the decode (byte tables, the q4_0 gather).
   virtual bool needs_vbmi() const { return false; }
-  // GFNI instructions in the decode (vgf2p8affineqb: the q3_K and q5_K bf16 pairs).
+  // GFNI instructions in the decode (vgf2p8affineqb: the q3_K, q4_K and q5_K bf16 pairs).
   virtual bool needs_gfni() const { return false; }
   // False where the hardware prefetchers stream the weights (bf16): one-token
   // kernels then unroll rows and prefetch a later call sparsely.

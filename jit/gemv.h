@@ -53,8 +53,8 @@ constexpr uint32_t kFlagLinePrefetch = 2;
 // fp32 d sc[j] q and vfmadd231ps with fp32 x. runtime_flags sets it on AMD,
 // where a 512-bit vdpbf16ps costs about what a vfmadd231ps does for twice the
 // products (Zen 5: 0.73 against 0.54 cycles, moejit-bench-ports), and on Intel
-// for every K-quant but q2_K: there vdpbf16ps costs two cycles, but the pairs'
-// decode costs fewer instructions than the fp32 one but for q2_K's
+// for every K-quant but q2_K: there vdpbf16ps costs two cycles, yet the pair
+// decodes take fewer instructions than the fp32 ones, q2_K's excepted
 // (docs/PERFORMANCE.md). Other formats and tiers reject it.
 constexpr uint32_t kFlagBf16Pairs = 4;
 // With kFlagBf16Pairs: multi-token kernels keep the row order whatever the

@@ -27,7 +27,7 @@ enum Feature : uint32_t {
   kAmxBf16 = 1u << 9,
   kAmxTile = 1u << 10,
   kOsTileData = 1u << 11,  // the OS lets this process use AMX tile data (asked once, jit/cpu.cpp)
-  kGfni = 1u << 12,        // GF2P8AFFINEQB (the q3_K and q5_K bf16-pair decodes)
+  kGfni = 1u << 12,        // GF2P8AFFINEQB (the q3_K, q4_K and q5_K bf16-pair decodes)
 };
 constexpr int kFeatureCount = 13;
 // The name of feature bit i (0..kFeatureCount - 1), as moejit-info prints it.
