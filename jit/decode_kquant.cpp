@@ -506,8 +506,10 @@ class Q6Pairs : public KQuantPairs {
 
 // q2_K and q3_K as bf16 pairs (kFlagBf16Pairs): both steps load all 64
 // quant bytes, and vector i of step t takes crumb k of every 16-bit word, k =
-// 4 (i / 2) + 2 t + i % 2 (a shift by 2 k, then vpermw: five index bits), so
-// crumb j = k % 4 of byte half k / 4. Element 32 j + 16 s + l of half h (q from
+// 4 (i / 2) + 2 t + i % 2, so crumb j = k % 4 of byte half k / 4: q2_K shifts
+// the word right by 8 (i / 2) + 4 t and vpermw looks the crumb up on index
+// bits 0..1 (even i) or 2..3 (odd i: a second table), so one shift serves two
+// vectors; q3_K shifts by 2 k (below). Element 32 j + 16 s + l of half h (q from
 // byte 32 h + 16 s + l >> 2 j) sits in word 16 h + 8 s + l / 2 of vector
 // i = 2 (l % 2) + j % 2 of step t = j / 2 (XLayout::bf16_kq2), and dword lane L
 // of a vector is sub-block 8 (L / 8) + 2 j + L % 8 / 4: vectors i and i + 2 of
@@ -523,7 +525,10 @@ class Q23Pairs : public KQuantPairs {
  public:
   explicit Q23Pairs(const KernelKey& key)
       : KQuantPairs(key, XLayout::bf16_kq2, "vpermw of q"), q3_(format() == Format::q3_K) {}
-  void emit_decode_constants() override { g().vmovups(r_.c[0], ptr[rip + l_values_]); }
+  void emit_decode_constants() override {
+    g().vmovups(r_.c[0], ptr[rip + l_values_]);
+    if (!q3_) g().vmovups(r_.c[2], ptr[rip + l_values_ + 64]);
+  }
   void emit_data() override {
     KQuantDecoder::emit_data();
     Generator& a = g();
@@ -531,6 +536,8 @@ class Q23Pairs : public KQuantPairs {
     a.L(l_values_);  // index bits 0..1 the crumb, bit 4 q3_K's hmask bit
     for (int i = 0; i < 32; ++i)
       a.dw(formats::f32_to_bf16(q3_ ? float((i & 3) - 4 + 4 * ((i >> 4) & 1)) : float(i & 3)));
+    if (!q3_)  // q2_K's second table (c[2]): the crumb on index bits 2..3
+      for (int i = 0; i < 32; ++i) a.dw(formats::f32_to_bf16(float((i >> 2) & 3)));
     // q3_K, per step t: vgf2p8affineqb's matrices, one per qword (h = qword / 4).
     // Row b of a matrix is byte 7 - b: output bit 4 takes hmask bit 4 h + 2 t,
     // bit 6 bit 4 h + 2 t + 1, the other bits none.
@@ -561,16 +568,23 @@ class Q23Pairs : public KQuantPairs {
     Generator& a = g();
     const Zmm v0 = Zmm(dst[0].getIdx()), hb = Zmm(r_.c[1].getIdx());
     a.vmovdqu32(v0, ptr[w.at(q3_ ? 32 : 16)]);
-    if (q3_) {
-      a.vbroadcasti64x4(hb, ptr[w.at(0)]);  // hmask, word w at w % 16
-      a.vgf2p8affineqb(hb, hb, ptr[rip + l_hbits_ + 64 * t], 0);
-      if (t == 1) a.vpsrlw(v0, v0, 4);
-      a.vpternlogd(v0, hb, low4_bytes(), 0xE4);  // low nibbles ? crumbs : hmask bits
+    if (!q3_) {  // q2_K: vectors 0, 1 (2, 3) take crumbs 2 t, 2 t + 1 of the low (high) bytes, through
+                 // one shift and the two tables
+      const Zmm v2 = Zmm(dst[2].getIdx()), lo = Zmm(r_.c[0].getIdx()), hi = Zmm(r_.c[2].getIdx());
+      a.vpsrlw(v2, v0, 8 + 4 * t);
+      if (t > 0) a.vpsrlw(v0, v0, 4 * t);
+      a.vpermw(Zmm(dst[1].getIdx()), v0, hi);
+      a.vpermw(v0, v0, lo);
+      a.vpermw(Zmm(dst[3].getIdx()), v2, hi);
+      a.vpermw(v2, v2, lo);
+      return;
     }
-    for (int i = 3; i >= 0; --i) {  // vector 0 last: the others shift its load
-      const int k = q3_ ? crumb(0, i) : crumb(t, i);
-      if (k > 0) a.vpsrlw(Zmm(dst[i].getIdx()), v0, 2 * k);
-    }
+    a.vbroadcasti64x4(hb, ptr[w.at(0)]);  // hmask, word w at w % 16
+    a.vgf2p8affineqb(hb, hb, ptr[rip + l_hbits_ + 64 * t], 0);
+    if (t == 1) a.vpsrlw(v0, v0, 4);
+    a.vpternlogd(v0, hb, low4_bytes(), 0xE4);  // low nibbles ? crumbs : hmask bits
+    for (int i = 3; i >= 1; --i)               // vector 0 last: the others shift its load
+      a.vpsrlw(Zmm(dst[i].getIdx()), v0, 8 * (i / 2) + 2 * (i % 2));
     for (int i = 0; i < 4; ++i) a.vpermw(Zmm(dst[i].getIdx()), Zmm(dst[i].getIdx()), Zmm(r_.c[0].getIdx()));
   }
   void load_mins(const Xmm& dst, const Cursor& w) override {  // q2_K: M_j = dmin (sc[j] >> 4)
@@ -584,7 +598,6 @@ class Q23Pairs : public KQuantPairs {
   }
 
  private:
-  static int crumb(int t, int i) { return 4 * (i / 2) + 2 * t + i % 2; }
   // D_j of the block's 16 sub-blocks in r_.scale, from its first step on.
   void emit_block_factors(const Cursor& w) override {
     Generator& a = g();
