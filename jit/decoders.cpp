@@ -129,8 +129,9 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
   // (the 16-core Xeon, DeepSeek-V3, 16 threads, the pairs against the fp32
   // decode, docs/PERFORMANCE.md: q6_K 1.13-1.21x at one token and 1.01-1.18x
   // at 64; since the GFNI decodes q3_K 1.34x and 1.03x, q5_K 1.15x and 1.02x,
-  // q4_K 1.20x and 0.94x; q2_K 0.95x and 0.81x). q3_K's, q4_K's and q5_K's
-  // pairs need GFNI (every AMD CPU with AVX512_BF16 has it).
+  // q4_K 1.20x and 0.94x; q2_K 0.95x and 0.81x, and with its two-table step
+  // 1.06x, inside the noise, and 0.85x). q3_K's, q4_K's and q5_K's pairs need
+  // GFNI (every AMD CPU with AVX512_BF16 has it).
   if (isa == Isa::avx512_bf16 && (!host_features().intel || format != Format::q2_K)) {
     const auto dec = make_decoder(decoder_key(isa, format, flags | kFlagBf16Pairs));
     if (dec && dec->kquant_pairs() && (!dec->needs_gfni() || host_features().gfni)) flags |= kFlagBf16Pairs;
