@@ -281,7 +281,9 @@ TEST(XPrep, TileRunsPackTheirTokens) {
         const int64_t e = 2 * pair + in % 4 / 2;  // the element this byte holds
         const uint16_t want = e < k ? src[size_t(e)] : 0xABAB;
         EXPECT_EQ(a[i], uint8_t(in % 2 ? want >> 8 : want)) << width << " " << col << " element " << e;
-        if (e < k) EXPECT_EQ(c[i], a[i]) << width << " " << col << " element " << e;
+        if (e < k) {
+          EXPECT_EQ(c[i], a[i]) << width << " " << col << " element " << e;
+        }
       }
     }
 }
