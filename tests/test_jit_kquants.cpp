@@ -133,6 +133,10 @@ bool pairs(const Variant& v) { return (v.flags & jit::kFlagBf16Pairs) != 0; }
 bool available(const Variant& v) {
   return jit::isa_available(v.isa) && (!pairs(v) || jit::host_features().gfni);
 }
+// Why a variant's tests skip here.
+std::string lacks(const Variant& v) {
+  return std::string("this CPU lacks ") + v.name + (pairs(v) ? " (or GFNI)" : "");
+}
 // q3_K's, q4_K's and q5_K's pair decodes need GFNI.
 bool pairs_need_gfni(KQuant f) { return f == KQuant::q3_K || f == KQuant::q4_K || f == KQuant::q5_K; }
 
@@ -143,7 +147,7 @@ class KQuantKernels : public ::testing::TestWithParam<Variant> {};
 // of all at the row's start: both sides of that boundary.
 TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
   const Variant v = GetParam();
-  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name << (pairs(v) ? " (or GFNI)" : "");
+  if (!available(v)) GTEST_SKIP() << lacks(v);
   moejit_test::Rng rng(37);
   for (KQuant f : kAll) {
     const int bb = fm::kquant_traits(f).block_bytes;
@@ -171,7 +175,7 @@ TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
 // never chunked): batch invariance across the chunked order of rows.
 TEST_P(KQuantKernels, ChunkedCallsKeepEachTokensBits) {
   const Variant v = GetParam();
-  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name << (pairs(v) ? " (or GFNI)" : "");
+  if (!available(v)) GTEST_SKIP() << lacks(v);
   moejit_test::Rng rng(41);
   const int k = 7168, rows = 19;  // a full group of 16 (8 on avx2) and a partial one
   for (KQuant f : kAll) {
@@ -204,7 +208,7 @@ TEST_P(KQuantKernels, ChunkedCallsKeepEachTokensBits) {
 // row r of 256 holds value r in the byte under test, the rest random.
 TEST_P(KQuantKernels, EveryScaleByteValue) {
   const Variant v = GetParam();
-  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name << (pairs(v) ? " (or GFNI)" : "");
+  if (!available(v)) GTEST_SKIP() << lacks(v);
   moejit_test::Rng rng(29);
   for (KQuant f : kAll) {
     const BitMap bm = bit_map(f);
@@ -242,7 +246,7 @@ TEST_P(KQuantKernels, EveryScaleByteValue) {
 // same), the largest finite, infinities and NaN (which propagate).
 TEST_P(KQuantKernels, ExtremeSuperBlockScales) {
   const Variant v = GetParam();
-  if (!available(v)) GTEST_SKIP() << "this CPU lacks " << v.name << (pairs(v) ? " (or GFNI)" : "");
+  if (!available(v)) GTEST_SKIP() << lacks(v);
   moejit_test::Rng rng(31);
   const uint16_t kHalves[] = {0x0001, 0x03FF, 0x8001, 0x0400, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x0000};
   for (KQuant f : kAll) {
@@ -283,9 +287,10 @@ TEST(KQuantKernels, DecoderAndPreparedSums) {
           << v.name << " " << name(f) << ": " << path;
       // The avx512 tiers' fp32 decode: vpermps tables of d sc[j] q, but q6_K's
       // conversion and FMA.
-      if (v.isa != jit::Isa::avx2 && !pairs(v))
+      if (v.isa != jit::Isa::avx2 && !pairs(v)) {
         EXPECT_EQ(path.find("vpermps tables") != std::string::npos, f != KQuant::q6_K)
             << v.name << " " << name(f) << ": " << path;
+      }
       const jit::XPrep prep = jit::x_prep(v.isa, moejit::formats::Format(int32_t(f)), v.flags);
       const fm::KQuantTraits t = fm::kquant_traits(f);
       EXPECT_EQ(prep.sums().span, t.has_mins ? t.sub_block_size : 0) << v.name << " " << name(f);
