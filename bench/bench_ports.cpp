@@ -1,10 +1,14 @@
-// Google Benchmark: the throughput of the 512-bit instructions the decoders are made of, on the
-// calling core. Each case generates a loop of 8 independent instances (no instance reads another's
-// result, nor its own of the iteration before), so the time per instance is its reciprocal throughput;
-// `cycles` divides it by the time of one 1-cycle scalar add in a dependent chain, measured in the same run
-// (the `add_chain` case), so it reads as cycles wherever the clock runs. Which decode costs what on a CPU
-// (jit/decode_*.cpp; docs/PERFORMANCE.md) comes from these figures: for one, `vdpbf16ps` against
-// two `vfmadd231ps` per 32 products. Cases the CPU lacks (AVX512_BF16, VBMI) are skipped.
+// Google Benchmark: the throughput of the instructions the decoders are made of, on the calling core.
+// Each case generates a loop of kInstances independent instances: an instance writes its own register
+// (and shared write-only scratch), and an instruction that accumulates into its destination
+// (vfmadd231ps, vdpbf16ps, vpternlogd, vpermi2b) forms one chain per instance, 24 chains in all, so
+// the time per instance is its reciprocal throughput unless the latency exceeds 24 times that.
+// `cycles` divides it by the time of one 1-cycle scalar add in a dependent chain, measured in the same
+// run (the `add_chain` case), so it reads as cycles wherever the clock runs. Which decode costs what on
+// a CPU (jit/decode_*.cpp; docs/PERFORMANCE.md) comes from these figures: for one, `vdpbf16ps`
+// against two `vfmadd231ps` per 32 products. The `_ymm` cases are the 256-bit forms, run in loops
+// without 512-bit instructions (Intel cores then use a third vector port). Cases the CPU lacks
+// (AVX512_BF16, VBMI) are skipped.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -20,11 +24,13 @@
 namespace {
 
 namespace jit = moejit::jit;
+using Xbyak::Ymm;
 using Xbyak::Zmm;
-// Emits instance i of 8: it writes registers i, 8 + i or 16 + i only, and reads 30 and 31.
+// Emits instance i of kInstances: it writes register i, and scratch registers 24..29 that no
+// instruction reads; it reads registers 30 and 31, which nothing writes.
 using Emit = std::function<void(jit::Generator&, int)>;
 
-constexpr int kInstances = 8;
+constexpr int kInstances = 24;
 constexpr int64_t kLoopsPerCall = 4096;
 
 // A loop of kLoopsPerCall iterations of the 8 instances, called as void(void).
@@ -99,9 +105,10 @@ struct Case {
   bool vbmi = false;
 };
 
-// Sources are registers 30 and 31 (never written).
+// Sources are registers 30 and 31 (never written); s, t are write-only scratch.
 std::vector<Case> cases() {
-  const Zmm a(30), b(31);
+  const Zmm a(30), b(31), s(24), t(25);
+  const Ymm ya(30), yb(31), ys(24), yt(25);
   return {
       {"vfmadd231ps", [=](jit::Generator& g, int i) { g.vfmadd231ps(Zmm(i), a, b); }},
       {"vdpbf16ps", [=](jit::Generator& g, int i) { g.vdpbf16ps(Zmm(i), a, b); }, true},
@@ -122,15 +129,27 @@ std::vector<Case> cases() {
       // in fp32 (16 products); a shift, a table lookup and a vdpbf16ps in bf16 pairs (32).
       {"vpsrld+vpermps+vfmadd231ps",
        [=](jit::Generator& g, int i) {
-         g.vpsrld(Zmm(i), a, 4);
-         g.vpermps(Zmm(8 + i), a, b);
-         g.vfmadd231ps(Zmm(16 + i), a, b);
+         g.vpsrld(s, a, 4);
+         g.vpermps(t, a, b);
+         g.vfmadd231ps(Zmm(i), a, b);
        }},
       {"vpsrlw+vpermw+vdpbf16ps",
        [=](jit::Generator& g, int i) {
-         g.vpsrlw(Zmm(i), a, 4);
-         g.vpermw(Zmm(8 + i), a, b);
-         g.vdpbf16ps(Zmm(16 + i), a, b);
+         g.vpsrlw(s, a, 4);
+         g.vpermw(t, a, b);
+         g.vdpbf16ps(Zmm(i), a, b);
+       },
+       true},
+      // 256-bit forms (16 products per vdpbf16ps, 8 per FMA).
+      {"vfmadd231ps_ymm", [=](jit::Generator& g, int i) { g.vfmadd231ps(Ymm(i), ya, yb); }},
+      {"vdpbf16ps_ymm", [=](jit::Generator& g, int i) { g.vdpbf16ps(Ymm(i), ya, yb); }, true},
+      {"vpsrlw_ymm", [=](jit::Generator& g, int i) { g.vpsrlw(Ymm(i), ya, 4); }},
+      {"vpermw_ymm", [=](jit::Generator& g, int i) { g.vpermw(Ymm(i), ya, yb); }},
+      {"vpsrlw+vpermw+vdpbf16ps_ymm",
+       [=](jit::Generator& g, int i) {
+         g.vpsrlw(ys, ya, 4);
+         g.vpermw(yt, ya, yb);
+         g.vdpbf16ps(Ymm(i), ya, yb);
        },
        true},
   };
