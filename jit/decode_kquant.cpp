@@ -11,14 +11,14 @@
 // the prepared sums of x (M_j = dmin m[j], XPrep's XSums). Products stay exact;
 // the summation order differs from kquant_gemv, as formats.md allows.
 //
-// Why not bf16 and vdpbf16ps on avx512_bf16 everywhere: on Intel a 512-bit
-// vdpbf16ps takes two cycles of both vector ports for 32 products and
-// vfmadd231ps half a cycle for 16, so fp32 multiplies at twice the rate
-// (docs/PERFORMANCE.md, "K-quants"). On AMD (Zen 5: 0.73 against 0.54 cycles)
-// the pairs are cheaper: every K-quant has a bf16-pair decode (KQuantPairs,
-// kFlagBf16Pairs), which the runtime runs there and, for all but q2_K, on Intel too.
-// The sub-block factors then scale each step's sums, since d sc[j] q does not
-// fit a bf16.
+// Why not bf16 and vdpbf16ps on avx512_bf16 everywhere: on Intel a 4-bit step
+// costs 4.07 cycles per 32 products as bf16 pairs (shift, vpermw, vdpbf16ps)
+// and 1.78 per 16 in fp32 (shift, vpermps, FMA; moejit-bench-ports, 16-core
+// Xeon, docs/PERFORMANCE.md), so fp32 multiplies faster there. On AMD (Zen 5:
+// 0.74 cycles per 32 against 0.73 per 16) the pairs are cheaper: every
+// K-quant has a bf16-pair decode (KQuantPairs, kFlagBf16Pairs), which the
+// runtime runs there and, for all but q2_K, on Intel too. The sub-block
+// factors then scale each step's sums, since d sc[j] q does not fit a bf16.
 //
 // A super-block's factors are a record on the rule's stack area (aux): D_j,
 // M_j, and a format's extra E_j (q5_K 16 D_j, q6_K -32 D_j, q3_K 4 D_j). At the

@@ -51,11 +51,11 @@ constexpr uint32_t kFlagLinePrefetch = 2;
 // vpermi2w) that vdpbf16ps multiplies with bf16 x, and each step's sums are
 // scaled by their sub-blocks' d sc[j] (DecodeShape::step_scaled), instead of
 // fp32 d sc[j] q and vfmadd231ps with fp32 x. runtime_flags sets it on AMD,
-// where a 512-bit vdpbf16ps costs about what a vfmadd231ps does for twice the
-// products (Zen 5: 0.73 against 0.54 cycles, moejit-bench-ports), and on Intel
-// for every K-quant but q2_K: there vdpbf16ps costs two cycles, yet the pair
-// decodes take fewer instructions than the fp32 ones, q2_K's excepted
-// (docs/PERFORMANCE.md). Other formats and tiers reject it.
+// where a 512-bit vdpbf16ps costs what a vfmadd231ps does for twice the
+// products (Zen 5: 0.49 cycles each, moejit-bench-ports), and on Intel for
+// every K-quant but q2_K: there a pair step costs 1.1-1.2x more per product
+// than an fp32 one, yet the pair decodes take fewer instructions than the fp32
+// ones, q2_K's excepted (docs/PERFORMANCE.md). Other formats and tiers reject it.
 constexpr uint32_t kFlagBf16Pairs = 4;
 // With kFlagBf16Pairs: multi-token kernels keep the row order whatever the
 // size of their x, instead of K chunks above 48 KiB (jit/row_body.cpp; the
