@@ -7,8 +7,11 @@
 // run (the `add_chain` case), so it reads as cycles wherever the clock runs. Which decode costs what on
 // a CPU (jit/decode_*.cpp; docs/PERFORMANCE.md) comes from these figures: for one, `vdpbf16ps`
 // against two `vfmadd231ps` per 32 products. The `_ymm` cases are the 256-bit forms, run in loops
-// without 512-bit instructions (Intel cores then use a third vector port). Cases the CPU lacks
-// (AVX512_BF16, VBMI) are skipped.
+// without 512-bit instructions (Intel cores then use a third vector port). The `clock/` cases run
+// a case's instances beside one dependent chain of scalar adds, enough adds per instance that the
+// chain bounds the loop, so their `clock` is the core's clock while those vector instructions run,
+// over the clock of `add_chain` (1: unchanged; below 1: the core slows down for them, as Intel cores
+// do for heavy 512-bit instructions). Cases the CPU lacks (AVX512_BF16, VBMI) are skipped.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -52,13 +55,17 @@ class PortLoop : public jit::Generator {
 
 double add_chain_ns();
 
-void bm_port(benchmark::State& state, Emit emit, bool needs_bf16, bool needs_vbmi) {
+// clock_adds > 0: the `clock/` form of the case (the header), with that many chained adds per instance.
+void bm_port(benchmark::State& state, Emit emit, bool needs_bf16, bool needs_vbmi, int clock_adds) {
   const jit::CpuFeatures& cpu = jit::host_features();
   if (!cpu.avx512f || !cpu.avx512bw || (needs_bf16 && !cpu.avx512_bf16) || (needs_vbmi && !cpu.avx512_vbmi)) {
     state.SkipWithError("skipped: this CPU lacks the instruction");
     return;
   }
-  PortLoop loop(emit);
+  PortLoop loop(clock_adds == 0 ? emit : [&](jit::Generator& g, int i) {
+    emit(g, i);
+    for (int j = 0; j < clock_adds; ++j) g.add(g.rcx, g.rdx);
+  });
   std::string err;
   if (!loop.build(&err)) {
     state.SkipWithError(("skipped: " + err).c_str());
@@ -74,7 +81,10 @@ void bm_port(benchmark::State& state, Emit emit, bool needs_bf16, bool needs_vbm
   }
   const double per_instance = ns / (double(state.iterations()) * kInstances * kLoopsPerCall);
   state.counters["ns"] = per_instance;
-  state.counters["cycles"] = per_instance / add_chain_ns();
+  if (clock_adds > 0)
+    state.counters["clock"] = add_chain_ns() * clock_adds / per_instance;
+  else
+    state.counters["cycles"] = per_instance / add_chain_ns();
 }
 
 // Nanoseconds of one dependent scalar add (one cycle), best of 5 runs of 8 x kLoopsPerCall x 64.
@@ -103,6 +113,7 @@ struct Case {
   Emit emit;
   bool bf16 = false;
   bool vbmi = false;
+  int clock_adds = 0;  // > 0: also a `clock/` case with this many adds per instance
 };
 
 // Sources are registers 30 and 31 (never written); s, t are write-only scratch.
@@ -110,17 +121,18 @@ std::vector<Case> cases() {
   const Zmm a(30), b(31), s(24), t(25);
   const Ymm ya(30), yb(31), ys(24), yt(25);
   return {
-      {"vfmadd231ps", [=](jit::Generator& g, int i) { g.vfmadd231ps(Zmm(i), a, b); }},
-      {"vdpbf16ps", [=](jit::Generator& g, int i) { g.vdpbf16ps(Zmm(i), a, b); }, true},
+      {"vfmadd231ps", [=](jit::Generator& g, int i) { g.vfmadd231ps(Zmm(i), a, b); }, false, false, 6},
+      {"vdpbf16ps", [=](jit::Generator& g, int i) { g.vdpbf16ps(Zmm(i), a, b); }, true, false, 6},
       {"vmulps", [=](jit::Generator& g, int i) { g.vmulps(Zmm(i), a, b); }},
       {"vcvtdq2ps", [=](jit::Generator& g, int i) { g.vcvtdq2ps(Zmm(i), a); }},
       {"vcvtph2ps", [=](jit::Generator& g, int i) { g.vcvtph2ps(Zmm(i), Xbyak::Ymm(30)); }},
-      {"vpandd", [=](jit::Generator& g, int i) { g.vpandd(Zmm(i), a, b); }},
+      // clock/vpandd: a light 512-bit instruction, the control for the clock of the others
+      {"vpandd", [=](jit::Generator& g, int i) { g.vpandd(Zmm(i), a, b); }, false, false, 6},
       {"vpternlogd", [=](jit::Generator& g, int i) { g.vpternlogd(Zmm(i), a, b, 0xE4); }},
       {"vpsrld_imm", [=](jit::Generator& g, int i) { g.vpsrld(Zmm(i), a, 4); }},
       {"vpsrlvd", [=](jit::Generator& g, int i) { g.vpsrlvd(Zmm(i), a, b); }},
       {"vpermps", [=](jit::Generator& g, int i) { g.vpermps(Zmm(i), a, b); }},
-      {"vpermw", [=](jit::Generator& g, int i) { g.vpermw(Zmm(i), a, b); }},
+      {"vpermw", [=](jit::Generator& g, int i) { g.vpermw(Zmm(i), a, b); }, false, false, 6},
       {"vpermb", [=](jit::Generator& g, int i) { g.vpermb(Zmm(i), a, b); }, false, true},
       {"vpermi2b", [=](jit::Generator& g, int i) { g.vpermi2b(Zmm(i), a, b); }, false, true},
       {"vpshufb", [=](jit::Generator& g, int i) { g.vpshufb(Zmm(i), a, b); }},
@@ -139,9 +151,9 @@ std::vector<Case> cases() {
          g.vpermw(t, a, b);
          g.vdpbf16ps(Zmm(i), a, b);
        },
-       true},
+       true, false, 10},
       // 256-bit forms (16 products per vdpbf16ps, 8 per FMA).
-      {"vfmadd231ps_ymm", [=](jit::Generator& g, int i) { g.vfmadd231ps(Ymm(i), ya, yb); }},
+      {"vfmadd231ps_ymm", [=](jit::Generator& g, int i) { g.vfmadd231ps(Ymm(i), ya, yb); }, false, false, 6},
       {"vdpbf16ps_ymm", [=](jit::Generator& g, int i) { g.vdpbf16ps(Ymm(i), ya, yb); }, true},
       {"vpsrlw_ymm", [=](jit::Generator& g, int i) { g.vpsrlw(Ymm(i), ya, 4); }},
       {"vpermw_ymm", [=](jit::Generator& g, int i) { g.vpermw(Ymm(i), ya, yb); }},
@@ -151,7 +163,7 @@ std::vector<Case> cases() {
          g.vpermw(yt, ya, yb);
          g.vdpbf16ps(Ymm(i), ya, yb);
        },
-       true},
+       true, false, 10},
   };
 }
 
@@ -166,7 +178,11 @@ int main(int argc, char** argv) {
     state.counters["cycles"] = 1;
   });
   for (const Case& c : cases())
-    benchmark::RegisterBenchmark((std::string("port/") + c.name).c_str(), bm_port, c.emit, c.bf16, c.vbmi);
+    benchmark::RegisterBenchmark((std::string("port/") + c.name).c_str(), bm_port, c.emit, c.bf16, c.vbmi, 0);
+  for (const Case& c : cases())
+    if (c.clock_adds > 0)
+      benchmark::RegisterBenchmark((std::string("clock/") + c.name).c_str(), bm_port, c.emit, c.bf16, c.vbmi,
+                                   c.clock_adds);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
