@@ -36,7 +36,7 @@ using Emit = std::function<void(jit::Generator&, int)>;
 constexpr int kInstances = 24;
 constexpr int64_t kLoopsPerCall = 4096;
 
-// A loop of kLoopsPerCall iterations of the 8 instances, called as void(void).
+// A loop of kLoopsPerCall iterations of the kInstances instances, called as void(void).
 class PortLoop : public jit::Generator {
  public:
   explicit PortLoop(const Emit& emit) {
@@ -87,7 +87,8 @@ void bm_port(benchmark::State& state, Emit emit, bool needs_bf16, bool needs_vbm
     state.counters["cycles"] = per_instance / add_chain_ns();
 }
 
-// Nanoseconds of one dependent scalar add (one cycle), best of 5 runs of 8 x kLoopsPerCall x 64.
+// Nanoseconds of one dependent scalar add (one cycle): the best of 5 runs of 64 calls of a loop of
+// kInstances x 8 chained adds per iteration.
 double add_chain_ns() {
   static const double ns = [] {
     PortLoop loop([](jit::Generator& g, int) {
