@@ -4,6 +4,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,5 +30,10 @@ int32_t cold_pool_count(int64_t bytes);
 
 // Untimed calls before the timed loop (benchmark 1.7 has no warm-up time).
 constexpr int kWarmupCalls = 3;
+
+// Google Benchmark's CSV reporter aborts when a run carries a counter that the first run lacked, so a
+// suite whose cases measure different things sets every counter it uses in every case, this value
+// (printed as nan) where a counter does not apply.
+constexpr double kNotApplicable = std::numeric_limits<double>::quiet_NaN();
 
 }  // namespace moejit_gbench

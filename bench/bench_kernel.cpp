@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "bench_layer.h"
 #include "bench_util.h"
 #include "formats/formats.h"
@@ -104,6 +105,7 @@ void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k
   benchmark::DoNotOptimize(y.data());
   state.counters["weight_bytes"] = benchmark::Counter(double(call_bytes) * calls * double(state.iterations()),
                                                       benchmark::Counter::kIsRate);
+  state.counters["read_GBps"] = moejit_gbench::kNotApplicable;
   state.SetLabel(key.name() + ", " + std::to_string(calls) + " x " + std::to_string(call_bytes >> 10) +
                  " KiB");
 }
@@ -118,6 +120,7 @@ void bm_dram_read(benchmark::State& state) {
   double sum = 0;
   for (auto _ : state) sum += moejit_bench::measure_read_bandwidth(buffer, 1, 1);
   state.counters["read_GBps"] = sum / double(state.iterations());
+  state.counters["weight_bytes"] = moejit_gbench::kNotApplicable;
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "jit/cpu.h"
 #include "jit/generator.h"
 
@@ -81,10 +82,9 @@ void bm_port(benchmark::State& state, Emit emit, bool needs_bf16, bool needs_vbm
   }
   const double per_instance = ns / (double(state.iterations()) * kInstances * kLoopsPerCall);
   state.counters["ns"] = per_instance;
-  if (clock_adds > 0)
-    state.counters["clock"] = add_chain_ns() * clock_adds / per_instance;
-  else
-    state.counters["cycles"] = per_instance / add_chain_ns();
+  state.counters["cycles"] = per_instance / add_chain_ns();
+  state.counters["clock"] =
+      clock_adds > 0 ? add_chain_ns() * clock_adds / per_instance : moejit_gbench::kNotApplicable;
 }
 
 // Nanoseconds of one dependent scalar add (one cycle): the best of 5 runs of 64 calls of a loop of
@@ -177,6 +177,7 @@ int main(int argc, char** argv) {
     for (auto _ : state) benchmark::DoNotOptimize(add_chain_ns());
     state.counters["ns"] = add_chain_ns();
     state.counters["cycles"] = 1;
+    state.counters["clock"] = 1;
   });
   for (const Case& c : cases())
     benchmark::RegisterBenchmark((std::string("port/") + c.name).c_str(), bm_port, c.emit, c.bf16, c.vbmi, 0);
