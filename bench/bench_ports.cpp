@@ -56,10 +56,14 @@ class PortLoop : public jit::Generator {
 
 double add_chain_ns();
 
+// What a case needs beyond AVX512F and AVX512BW.
+enum Needs : int { kBf16 = 1, kVbmi = 2, kGfni = 4 };
+
 // clock_adds > 0: the `clock/` form of the case (the header), with that many chained adds per instance.
-void bm_port(benchmark::State& state, Emit emit, bool needs_bf16, bool needs_vbmi, int clock_adds) {
+void bm_port(benchmark::State& state, Emit emit, int needs, int clock_adds) {
   const jit::CpuFeatures& cpu = jit::host_features();
-  if (!cpu.avx512f || !cpu.avx512bw || (needs_bf16 && !cpu.avx512_bf16) || (needs_vbmi && !cpu.avx512_vbmi)) {
+  if (!cpu.avx512f || !cpu.avx512bw || ((needs & kBf16) && !cpu.avx512_bf16) ||
+      ((needs & kVbmi) && !cpu.avx512_vbmi) || ((needs & kGfni) && !cpu.gfni)) {
     state.SkipWithError("skipped: this CPU lacks the instruction");
     return;
   }
@@ -112,8 +116,7 @@ double add_chain_ns() {
 struct Case {
   const char* name;
   Emit emit;
-  bool bf16 = false;
-  bool vbmi = false;
+  int needs = 0;       // Needs
   int clock_adds = 0;  // > 0: also a `clock/` case with this many adds per instance
 };
 
@@ -122,21 +125,22 @@ std::vector<Case> cases() {
   const Zmm a(30), b(31), s(24), t(25);
   const Ymm ya(30), yb(31), ys(24), yt(25);
   return {
-      {"vfmadd231ps", [=](jit::Generator& g, int i) { g.vfmadd231ps(Zmm(i), a, b); }, false, false, 6},
-      {"vdpbf16ps", [=](jit::Generator& g, int i) { g.vdpbf16ps(Zmm(i), a, b); }, true, false, 6},
+      {"vfmadd231ps", [=](jit::Generator& g, int i) { g.vfmadd231ps(Zmm(i), a, b); }, 0, 6},
+      {"vdpbf16ps", [=](jit::Generator& g, int i) { g.vdpbf16ps(Zmm(i), a, b); }, kBf16, 6},
       {"vmulps", [=](jit::Generator& g, int i) { g.vmulps(Zmm(i), a, b); }},
       {"vcvtdq2ps", [=](jit::Generator& g, int i) { g.vcvtdq2ps(Zmm(i), a); }},
       {"vcvtph2ps", [=](jit::Generator& g, int i) { g.vcvtph2ps(Zmm(i), Xbyak::Ymm(30)); }},
       // clock/vpandd: a light 512-bit instruction, the control for the clock of the others
-      {"vpandd", [=](jit::Generator& g, int i) { g.vpandd(Zmm(i), a, b); }, false, false, 6},
+      {"vpandd", [=](jit::Generator& g, int i) { g.vpandd(Zmm(i), a, b); }, 0, 6},
       {"vpternlogd", [=](jit::Generator& g, int i) { g.vpternlogd(Zmm(i), a, b, 0xE4); }},
       {"vpsrld_imm", [=](jit::Generator& g, int i) { g.vpsrld(Zmm(i), a, 4); }},
       {"vpsrlvd", [=](jit::Generator& g, int i) { g.vpsrlvd(Zmm(i), a, b); }},
       {"vpermps", [=](jit::Generator& g, int i) { g.vpermps(Zmm(i), a, b); }},
-      {"vpermw", [=](jit::Generator& g, int i) { g.vpermw(Zmm(i), a, b); }, false, false, 6},
-      {"vpermb", [=](jit::Generator& g, int i) { g.vpermb(Zmm(i), a, b); }, false, true},
-      {"vpermi2b", [=](jit::Generator& g, int i) { g.vpermi2b(Zmm(i), a, b); }, false, true},
+      {"vpermw", [=](jit::Generator& g, int i) { g.vpermw(Zmm(i), a, b); }, 0, 6},
+      {"vpermb", [=](jit::Generator& g, int i) { g.vpermb(Zmm(i), a, b); }, kVbmi},
+      {"vpermi2b", [=](jit::Generator& g, int i) { g.vpermi2b(Zmm(i), a, b); }, kVbmi},
       {"vpshufb", [=](jit::Generator& g, int i) { g.vpshufb(Zmm(i), a, b); }},
+      {"vgf2p8affineqb", [=](jit::Generator& g, int i) { g.vgf2p8affineqb(Zmm(i), a, b, 0); }, kGfni},
       {"vpmovzxbd", [=](jit::Generator& g, int i) { g.vpmovzxbd(Zmm(i), Xbyak::Xmm(30)); }},
       // The mixes of a 4-bit step (an instance: the three): a shift, a table lookup and an FMA
       // in fp32 (16 products); a shift, a table lookup and a vdpbf16ps in bf16 pairs (32).
@@ -152,10 +156,10 @@ std::vector<Case> cases() {
          g.vpermw(t, a, b);
          g.vdpbf16ps(Zmm(i), a, b);
        },
-       true, false, 10},
+       kBf16, 10},
       // 256-bit forms (16 products per vdpbf16ps, 8 per FMA).
-      {"vfmadd231ps_ymm", [=](jit::Generator& g, int i) { g.vfmadd231ps(Ymm(i), ya, yb); }, false, false, 6},
-      {"vdpbf16ps_ymm", [=](jit::Generator& g, int i) { g.vdpbf16ps(Ymm(i), ya, yb); }, true},
+      {"vfmadd231ps_ymm", [=](jit::Generator& g, int i) { g.vfmadd231ps(Ymm(i), ya, yb); }, 0, 6},
+      {"vdpbf16ps_ymm", [=](jit::Generator& g, int i) { g.vdpbf16ps(Ymm(i), ya, yb); }, kBf16},
       {"vpsrlw_ymm", [=](jit::Generator& g, int i) { g.vpsrlw(Ymm(i), ya, 4); }},
       {"vpermw_ymm", [=](jit::Generator& g, int i) { g.vpermw(Ymm(i), ya, yb); }},
       {"vpsrlw+vpermw+vdpbf16ps_ymm",
@@ -164,7 +168,7 @@ std::vector<Case> cases() {
          g.vpermw(yt, ya, yb);
          g.vdpbf16ps(Ymm(i), ya, yb);
        },
-       true, false, 10},
+       kBf16, 10},
   };
 }
 
@@ -180,10 +184,10 @@ int main(int argc, char** argv) {
     state.counters["clock"] = 1;
   });
   for (const Case& c : cases())
-    benchmark::RegisterBenchmark((std::string("port/") + c.name).c_str(), bm_port, c.emit, c.bf16, c.vbmi, 0);
+    benchmark::RegisterBenchmark((std::string("port/") + c.name).c_str(), bm_port, c.emit, c.needs, 0);
   for (const Case& c : cases())
     if (c.clock_adds > 0)
-      benchmark::RegisterBenchmark((std::string("clock/") + c.name).c_str(), bm_port, c.emit, c.bf16, c.vbmi,
+      benchmark::RegisterBenchmark((std::string("clock/") + c.name).c_str(), bm_port, c.emit, c.needs,
                                    c.clock_adds);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
