@@ -517,7 +517,9 @@ class Q6Pairs : public KQuantPairs {
 // its crumbs 2 t and 2 t + 1 of every byte (step 1: the bytes shifted right by
 // 4) keep bits 0..3, and one vgf2p8affineqb of the broadcast hmask (GFNI) puts
 // their hmask bits 4 h + 2 t and 4 h + 2 t + 1 of the byte with the same index
-// on bits 4 and 6, joined by one vpternlogd; shifts by 0, 2, 8 and 10 then
+// on bits 4 and 6, joined by one vpternlogd. Step 0 broadcasts the hmask once
+// and computes both steps' vgf2p8affineqb (step 1's into c[2]), so step 1's
+// join waits on no load or GFNI latency. Shifts by 0, 2, 8 and 10 then
 // leave each crumb on index bits 0..1 and its hmask bit on bit 4, and the table
 // holds bf16(crumb - 4 + 4 hbit). q2_K's mins M_j = dmin (sc[j] >> 4) are
 // widened at the block's end (load_mins).
@@ -579,11 +581,15 @@ class Q23Pairs : public KQuantPairs {
       a.vpermw(v2, v2, lo);
       return;
     }
-    a.vbroadcasti64x4(hb, ptr[w.at(0)]);  // hmask, word w at w % 16
-    a.vgf2p8affineqb(hb, hb, ptr[rip + l_hbits_ + 64 * t], 0);
+    const Zmm hb1 = Zmm(r_.c[2].getIdx());  // step 1's hmask bits (c[2]: q2_K's second table)
+    if (t == 0) {
+      a.vbroadcasti64x4(hb, ptr[w.at(0)]);  // hmask, word w at w % 16
+      a.vgf2p8affineqb(hb1, hb, ptr[rip + l_hbits_ + 64], 0);
+      a.vgf2p8affineqb(hb, hb, ptr[rip + l_hbits_], 0);
+    }
     if (t == 1) a.vpsrlw(v0, v0, 4);
-    a.vpternlogd(v0, hb, low4_bytes(), 0xE4);  // low nibbles ? crumbs : hmask bits
-    for (int i = 3; i >= 1; --i)               // vector 0 last: the others shift its load
+    a.vpternlogd(v0, t == 0 ? hb : hb1, low4_bytes(), 0xE4);  // low nibbles ? crumbs : hmask bits
+    for (int i = 3; i >= 1; --i)                              // vector 0 last: the others shift its load
       a.vpsrlw(Zmm(dst[i].getIdx()), v0, 8 * (i / 2) + 2 * (i % 2));
     for (int i = 0; i < 4; ++i) a.vpermw(Zmm(dst[i].getIdx()), Zmm(dst[i].getIdx()), Zmm(r_.c[0].getIdx()));
   }
