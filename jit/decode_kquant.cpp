@@ -586,8 +586,9 @@ class Q23Pairs : public KQuantPairs {
       a.vbroadcasti64x4(hb, ptr[w.at(0)]);  // hmask, word w at w % 16
       a.vgf2p8affineqb(hb1, hb, ptr[rip + l_hbits_ + 64], 0);
       a.vgf2p8affineqb(hb, hb, ptr[rip + l_hbits_], 0);
+    } else {
+      a.vpsrlw(v0, v0, 4);
     }
-    if (t == 1) a.vpsrlw(v0, v0, 4);
     a.vpternlogd(v0, t == 0 ? hb : hb1, low4_bytes(), 0xE4);  // low nibbles ? crumbs : hmask bits
     for (int i = 3; i >= 1; --i)                              // vector 0 last: the others shift its load
       a.vpsrlw(Zmm(dst[i].getIdx()), v0, 8 * (i / 2) + 2 * (i % 2));
