@@ -119,11 +119,11 @@ bool prefetches_far(formats::Format format, uint32_t flags) {
   return (flags & kFlagLinePrefetch) || streams_with_prefetch(format);
 }
 
-uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
+uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/, const CpuFeatures& cpu) {
   uint32_t flags = 0;
   // Without AVX512_VBMI the avx512_bf16 tier decodes without byte tables.
-  if (needs_vbmi(isa, format, 0) && !host_features().avx512_vbmi) flags |= kFlagNoVbmi;
-  if (host_features().intel && !streams_with_prefetch(format)) flags |= kFlagLinePrefetch;
+  if (needs_vbmi(isa, format, 0) && !cpu.avx512_vbmi) flags |= kFlagNoVbmi;
+  if (cpu.intel && !streams_with_prefetch(format)) flags |= kFlagLinePrefetch;
   // The K-quants' bf16 pairs (gemv.h): every K-quant on AMD, where bf16 pairs
   // multiply at about the fp32 FMA's cost; on Intel every K-quant but q2_K
   // (the 16-core Xeon, DeepSeek-V3, 16 threads, the pairs against the fp32
@@ -132,13 +132,17 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/) {
   // q4_K 1.20x and 0.94x; q2_K 0.95x and 0.81x, and with its two-table step
   // 1.06x, inside the noise, and 0.85x). q3_K's, q4_K's and q5_K's pairs need
   // GFNI (every AMD CPU with AVX512_BF16 has it).
-  if (isa == Isa::avx512_bf16 && (!host_features().intel || format != Format::q2_K)) {
+  if (isa == Isa::avx512_bf16 && (!cpu.intel || format != Format::q2_K)) {
     const auto dec = make_decoder(decoder_key(isa, format, flags | kFlagBf16Pairs));
-    if (dec && dec->kquant_pairs() && (!dec->needs_gfni() || host_features().gfni)) flags |= kFlagBf16Pairs;
+    if (dec && dec->kquant_pairs() && (!dec->needs_gfni() || cpu.gfni)) flags |= kFlagBf16Pairs;
     // Intel's pair kernels keep the row order (gemv.h).
-    if ((flags & kFlagBf16Pairs) && host_features().intel) flags |= kFlagRowOrder;
+    if ((flags & kFlagBf16Pairs) && cpu.intel) flags |= kFlagRowOrder;
   }
   return flags;
+}
+
+uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group) {
+  return runtime_flags(isa, format, group, host_features());
 }
 
 bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags) {

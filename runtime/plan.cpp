@@ -59,7 +59,7 @@ MatrixPlan matrix_plan(const Target& t, const ProjFormat& f, int64_t rows, int64
   // formats it has no kernels of its own for (avx512_amx without a tile decode).
   m.isa = jit::kernel_isa(t.isa, l.format, l.group, t.no_vbmi ? jit::kFlagNoVbmi : 0);
   // kFlagNoVbmi where the CPU lacks AVX512_VBMI, or where asked to.
-  m.flags = jit::runtime_flags(m.isa, l.format, l.group);
+  m.flags = jit::runtime_flags(m.isa, l.format, l.group, t.cpu ? *t.cpu : jit::host_features());
   if (t.no_vbmi && jit::needs_vbmi(m.isa, l.format, 0)) m.flags |= jit::kFlagNoVbmi;
   return m;
 }

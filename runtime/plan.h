@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "formats/formats.h"
+#include "jit/cpu.h"
 #include "jit/kernel_key.h"
 
 namespace moejit::plan {
@@ -27,6 +28,9 @@ struct Target {
   int32_t threads = 1;   // workers of the context: row blocks keep every worker busy
   bool dedup = true;     // one kernel call per expert with all of its routes (MoE)
   bool no_vbmi = false;  // force jit::kFlagNoVbmi where a decode would use AVX512_VBMI
+  // The CPU whose choices the kernels' flags make (jit::runtime_flags), null:
+  // this host. moejit-dump --cpu plans another vendor's kernels with it.
+  const jit::CpuFeatures* cpu = nullptr;
 };
 
 // One [rows, K] matrix: the kernels' view of it and every kernel its calls use.

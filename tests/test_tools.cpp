@@ -363,6 +363,42 @@ TEST(Plan, Bf16LinePrefetchFollowsTheCpu) {
   }
 }
 
+// A plan for another vendor's CPU (plan::Target::cpu, moejit-dump --cpu) takes
+// that vendor's flags: on Intel bf16's line prefetch, q2_K's fp32 decode and
+// the pair kernels' row order; on AMD none of them and q2_K's pairs. The
+// rest of the features stay the host's.
+TEST(Plan, TargetCpuTakesTheVendorsFlags) {
+  jit::CpuFeatures intel = jit::host_features(), amd = jit::host_features();
+  intel.intel = true;
+  amd.intel = false;
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16}) {
+    plan::Target t;
+    t.isa = isa;
+    t.cpu = &intel;
+    EXPECT_NE(plan::matrix_plan(t, {Format::bf16}, 64, 2048, 0).flags & jit::kFlagLinePrefetch, 0u);
+    const uint32_t q2_intel = plan::matrix_plan(t, {Format::q2_K}, 64, 2048, 0).flags;
+    const uint32_t q4_intel = plan::matrix_plan(t, {Format::q4_K}, 64, 2048, 0).flags;
+    t.cpu = &amd;
+    EXPECT_EQ(plan::matrix_plan(t, {Format::bf16}, 64, 2048, 0).flags & jit::kFlagLinePrefetch, 0u);
+    const uint32_t q2_amd = plan::matrix_plan(t, {Format::q2_K}, 64, 2048, 0).flags;
+    const uint32_t q4_amd = plan::matrix_plan(t, {Format::q4_K}, 64, 2048, 0).flags;
+    EXPECT_EQ(q2_intel & jit::kFlagBf16Pairs, 0u) << jit::isa_name(isa);
+    EXPECT_EQ(q4_amd & jit::kFlagRowOrder, 0u) << jit::isa_name(isa);
+    // The pairs are avx512_bf16's (q4_K's need GFNI, which the host may lack).
+    const bool bf16 = isa == jit::Isa::avx512_bf16;
+    EXPECT_EQ((q2_amd & jit::kFlagBf16Pairs) != 0, bf16) << jit::isa_name(isa);
+    const bool q4_pairs = bf16 && jit::host_features().gfni;
+    EXPECT_EQ((q4_amd & jit::kFlagBf16Pairs) != 0, q4_pairs) << jit::isa_name(isa);
+    EXPECT_EQ(q4_intel & (jit::kFlagBf16Pairs | jit::kFlagRowOrder),
+              q4_pairs ? jit::kFlagBf16Pairs | jit::kFlagRowOrder : 0u)
+        << jit::isa_name(isa);
+    // Without a cpu the plan is this host's.
+    t.cpu = nullptr;
+    EXPECT_EQ(plan::matrix_plan(t, {Format::q2_K}, 64, 2048, 0).flags,
+              jit::host_features().intel ? q2_intel : q2_amd);
+  }
+}
+
 // Every prefetch of a later call's line (base + distance register) is paired
 // with one of the same offset kNearPrefetchBytes ahead in the call's own stream
 // (base only), and the later call's lines are covered with no gap: offsets 0,
@@ -827,6 +863,40 @@ TEST(DumpTool, JsonRawAndLayer) {
   EXPECT_EQ(lines(r.out), 2) << r.out;  // one token per call: one kernel per matrix
 }
 
+// --cpu intel / amd: the kernels the runtime picks on that vendor (their
+// names carry the flags: _f2 bf16's line prefetch, _f4 the pairs, _f12 the
+// pairs in row order).
+TEST(DumpTool, CpuPicksTheVendorsKernels) {
+  if (!jit::isa_available(jit::Isa::avx512_bf16)) GTEST_SKIP() << "this CPU lacks avx512_bf16";
+  if (!jit::host_features().gfni) GTEST_SKIP() << "this CPU lacks GFNI (q4_K's pairs)";
+  const struct {
+    const char* args;
+    const char* intel;
+    const char* amd;
+  } cases[] = {
+      {"--format bf16 --k 2048 --rows 64 --tokens 1", "bf16_k2048_r64_m1_avx512bf16_f2",
+       "bf16_k2048_r64_m1_avx512bf16"},
+      {"--format q2_K --k 2048 --rows 64 --tokens 1", "q2_K_k2048_r64_m1_avx512bf16",
+       "q2_K_k2048_r64_m1_avx512bf16_f4"},
+      {"--format q4_K --k 2048 --rows 64 --tokens 4", "q4_K_k2048_r64_m4_avx512bf16_f12",
+       "q4_K_k2048_r64_m4_avx512bf16_f4"},
+  };
+  for (const auto& c : cases)
+    for (const char* cpu : {"intel", "amd"}) {
+      const bool intel = std::string(cpu) == "intel";
+      const ToolRun r = run(MOEJIT_DUMP_EXE, std::string(c.args) + " --isa avx512_bf16 --cpu " + cpu);
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_EQ(r.out.rfind(std::string("; ") + (intel ? c.intel : c.amd) + "\n", 0), 0u)
+          << cpu << ": " << r.out.substr(0, 80);
+    }
+  const ToolRun r =
+      run(MOEJIT_DUMP_EXE,
+          "--layer --format q4_K --hidden 2048 --intermediate 768 --experts 128 --top-k 8 --list "
+          "--threads 2 --isa avx512_bf16 --cpu intel");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("q4_K_k2048_r32_m2_avx512bf16_f12\n"), std::string::npos) << r.out;
+}
+
 TEST(DumpTool, BadArgumentsAndUnsupportedRequestsFailWithOneLine) {
   const struct {
     const char* args;
@@ -852,6 +922,8 @@ TEST(DumpTool, BadArgumentsAndUnsupportedRequestsFailWithOneLine) {
       {"--format bf16 --k 64 --rows 1 --tokens 1 --isa scalar", 1},
       {"--format bf16 --k 64 --rows 1 --tokens 99", 1},
       {"--format fp8_block --k 64 --rows 129 --tokens 1", 1},
+      {"--format bf16 --k 64 --rows 1 --tokens 1 --cpu arm", 2},
+      {"--layer --format bf16 --hidden 64 --intermediate 64 --experts 2 --top-k 1 --cpu arm", 2},
   };
   for (const auto& c : cases) {
     const ToolRun r = run(MOEJIT_DUMP_EXE, c.args);

@@ -131,7 +131,7 @@ void write_raw(const moejit::jit::Kernel& k, const std::string& path) {
 }
 
 struct Args {
-  std::string format, isa = "auto", scale_dtype = "bf16", raw, out_dir, gate_up = "concat";
+  std::string format, isa = "auto", scale_dtype = "bf16", raw, out_dir, gate_up = "concat", cpu = "host";
   std::string up_format, down_format;  // layer: "" = as --format
   int64_t k = 0, scale_stride = 0;
   int32_t rows = 0, tokens = 0, group_size = 0;
@@ -195,6 +195,20 @@ bool layer_valid(const Args& a, const plan::MoeShape& l, std::string* why) {
   return true;
 }
 
+// --cpu: this host's features, with the vendor asked for (the choices of
+// jit::runtime_flags that depend on it: kFlagLinePrefetch, q2_K's decode,
+// kFlagRowOrder).
+moejit::jit::CpuFeatures cpu_features(const std::string& cpu) {
+  moejit::jit::CpuFeatures c = moejit::jit::host_features();
+  if (cpu == "intel")
+    c.intel = true;
+  else if (cpu == "amd")
+    c.intel = false;
+  else if (cpu != "host")
+    fail(2, "--cpu " + cpu + " must be host, intel or amd");
+  return c;
+}
+
 int run_single(const Args& a, Format f, Isa isa) {
   if (a.k < 1 || a.rows < 1 || a.tokens < 1) fail(2, "--k, --rows and --tokens must be given and >= 1");
   if (a.k > INT32_MAX) fail(2, "--k " + std::to_string(a.k) + " is too large");
@@ -205,6 +219,8 @@ int run_single(const Args& a, Format f, Isa isa) {
   plan::Target target;
   target.isa = isa;
   target.no_vbmi = a.no_vbmi;
+  const moejit::jit::CpuFeatures cpu = cpu_features(a.cpu);
+  target.cpu = &cpu;
   const plan::ProjFormat pf{f, parse_scale_dtype(a.scale_dtype), a.group_size};
   auto k = generate(plan::matrix_plan(target, pf, a.rows, a.k, a.scale_stride).key(a.rows, a.tokens));
   if (!a.raw.empty()) write_raw(*k, a.raw);
@@ -247,6 +263,8 @@ int run_layer(const Args& a, Format f, Isa isa) {
   target.dedup = !a.no_dedup && !(dedup_env && std::strcmp(dedup_env, "0") == 0);
   target.isa = isa;
   target.no_vbmi = a.no_vbmi;
+  const moejit::jit::CpuFeatures cpu = cpu_features(a.cpu);
+  target.cpu = &cpu;
   if (a.threads < 0) fail(2, "--threads must be >= 0");
   target.threads = a.threads > 0 ? a.threads : affinity_cpus();
   std::string why;
@@ -325,6 +343,10 @@ int main(int argc, char** argv) {
   app.add_option("--group-size", a.group_size, "mxfp8 group size, 0 = the format's default");
   app.add_flag("--no-vbmi", a.no_vbmi,
                "8-bit formats and q4_0 on avx512_bf16: the decode without AVX512_VBMI");
+  app.add_option("--cpu", a.cpu,
+                 "host, or the kernels the runtime picks on an intel or amd CPU with this CPU's features "
+                 "(the vendor's flags: bf16's line prefetch, q2_K's decode, the row order)")
+      ->capture_default_str();
   app.add_option("--raw", a.raw, "write the code bytes of the kernel to FILE")->type_name("FILE");
   app.add_option("--out-dir", a.out_dir, "write <name>.bin and <name>.s of every kernel to DIR")
       ->type_name("DIR");
