@@ -65,6 +65,17 @@ def main():
     expect("vmovaps zmm10, zmmword ptr [rsp - 64]" in src and "vxorps zmm1, zmm2, zmm2" in src and
            "vmovaps zmm3," in src, "zero idioms rewritten: " + src)
 
+    # Two 512-bit FMA units (the Xeon server): FMAs, multiplies and vcvtdq2ps
+    # become instructions of ports 0 and 5 with the same operands; not with --one-fma.
+    body = ["vfmadd231ps zmm10, zmm0, zmmword ptr [r10+0x40]", "vfnmadd231ps zmm12, zmm0, dword ptr [rbx]{1to16}",
+            "vmulps zmm4, zmm4, zmm2", "vcvtdq2ps zmm4, zmm5", "vfmadd231ps ymm1, ymm2, ymm3"]
+    two = mca.model_source(body, True)
+    for want in ("vpternlogd zmm10, zmm0, zmmword ptr [r10+0x40], 0x96",
+                 "vpternlogd zmm12, zmm0, dword ptr [rbx]{1to16}, 0x96", "vaddps zmm4, zmm4, zmm2",
+                 "vpaddd zmm4, zmm5, zmm5", "vfmadd231ps ymm1, ymm2, ymm3"):
+        expect(want in two, "two FMA units: %r missing in\n%s" % (want, two))
+    expect(mca.model_source(body, False).splitlines()[1:] == body, "one FMA unit: the body unchanged")
+
     # The report, where llvm-mca can model the Xeon's core.
     try:
         mca.find_llvm_mca(None)
