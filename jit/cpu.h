@@ -15,7 +15,7 @@ struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false, avx512_bf16 = false;
   bool avx512_vbmi = false;
   bool gfni = false;
-  bool intel = false;  // CPUID vendor GenuineIntel (runtime_flags: kFlagLinePrefetch)
+  bool intel = false;  // CPUID vendor GenuineIntel (runtime_flags: the vendor's choices)
   // AMX tile data: "granted", or why the avx512_amx tier is unavailable (no AMX-TILE, or the OS refused).
   const char* tile_data_note = "";
 };
