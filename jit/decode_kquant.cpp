@@ -12,9 +12,10 @@
 // the summation order differs from kquant_gemv, as formats.md allows.
 //
 // Why not bf16 and vdpbf16ps on avx512_bf16 everywhere: on Intel a 4-bit step
-// costs 4.07 cycles per 32 products as bf16 pairs (shift, vpermw, vdpbf16ps)
-// and 1.78 per 16 in fp32 (shift, vpermps, FMA; moejit-bench-ports, 16-core
-// Xeon, docs/PERFORMANCE.md), so fp32 multiplies faster there. On AMD (Zen 5:
+// costs 3.39 cycles per 32 products as bf16 pairs (shift, vpermw, vdpbf16ps:
+// 4 uops on both vector ports) and 1.47 per 16 in fp32 (shift, vpermps, FMA;
+// moejit-bench-ports, 16-core Xeon, docs/PERFORMANCE.md), so fp32 multiplies
+// faster there. On AMD (Zen 5:
 // 0.74 cycles per 32 against 0.73 per 16) the pairs are cheaper: every
 // K-quant has a bf16-pair decode (KQuantPairs, kFlagBf16Pairs), which the
 // runtime runs there and, for all but q2_K, on Intel too. The sub-block

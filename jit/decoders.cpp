@@ -141,10 +141,6 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/, const
   return flags;
 }
 
-uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group) {
-  return runtime_flags(isa, format, group, host_features());
-}
-
 bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags) {
   KernelKey key = decoder_key(Isa::avx512_amx, format, flags);
   key.group = group;

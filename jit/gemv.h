@@ -118,10 +118,9 @@ Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags =
 // Flags the runtime uses for a kernel of this tier and format on this CPU
 // (kFlagNoVbmi where the byte tables cannot be used; kFlagLinePrefetch for
 // bf16 on Intel; kFlagBf16Pairs for the K-quants on AMD, all but q2_K on Intel).
-uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group);
-// The same choice for a CPU with the features `cpu` (jit/cpu.h): moejit-dump
-// --cpu shows another vendor's kernels with it.
-uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group, const CpuFeatures& cpu);
+// `cpu`: another CPU's features (moejit-dump --cpu shows another vendor's kernels).
+uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group,
+                       const CpuFeatures& cpu = host_features());
 
 // Largest tokens-per-call a generated kernel holds in registers: for the
 // kernel `key` describes (its tokens ignored), and the smallest over the groups
