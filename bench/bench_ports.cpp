@@ -37,15 +37,29 @@ using Emit = std::function<void(jit::Generator&, int)>;
 constexpr int kInstances = 24;
 constexpr int64_t kLoopsPerCall = 4096;
 
-// A loop of kLoopsPerCall iterations of the kInstances instances, called as void(void).
+// Bytes one iteration of a streaming `load/` case walks: a line per instance.
+constexpr int kStride = 64 * kInstances;
+
+// A loop of kLoopsPerCall iterations of the kInstances instances, called as void(void). rsi holds
+// `mem` (the `load/` cases' buffer); with `stream` > 0 each iteration moves it kStride bytes on,
+// back to `mem` after `stream` bytes (a multiple of kStride).
 class PortLoop : public jit::Generator {
  public:
-  explicit PortLoop(const Emit& emit) {
+  PortLoop(const Emit& emit, const uint8_t* mem = nullptr, int64_t stream = 0) {
     for (int i = 0; i < 32; ++i) vpxord(Zmm(i), Zmm(i), Zmm(i));
+    mov(rsi, reinterpret_cast<size_t>(mem));
+    mov(r8, reinterpret_cast<size_t>(mem + stream));
     mov(rax, kLoopsPerCall);
-    Xbyak::Label l_loop;
+    Xbyak::Label l_loop, l_next;
     L(l_loop);
     for (int i = 0; i < kInstances; ++i) emit(*this, i);
+    if (stream > 0) {
+      add(rsi, kStride);
+      cmp(rsi, r8);
+      jb(l_next);
+      mov(rsi, reinterpret_cast<size_t>(mem));
+      L(l_next);
+    }
     dec(rax);
     jnz(l_loop, T_NEAR);
     vzeroupper();
@@ -60,17 +74,24 @@ double add_chain_ns();
 enum Needs : int { kBf16 = 1, kVbmi = 2, kGfni = 4 };
 
 // clock_adds > 0: the `clock/` form of the case (the header), with that many chained adds per instance.
-void bm_port(benchmark::State& state, Emit emit, int needs, int clock_adds) {
+// stream > 0: the case walks that many bytes of its buffer (PortLoop).
+void bm_port(benchmark::State& state, Emit emit, int needs, int clock_adds, int64_t stream) {
   const jit::CpuFeatures& cpu = jit::host_features();
   if (!cpu.avx512f || !cpu.avx512bw || ((needs & kBf16) && !cpu.avx512_bf16) ||
       ((needs & kVbmi) && !cpu.avx512_vbmi) || ((needs & kGfni) && !cpu.gfni)) {
     state.SkipWithError("skipped: this CPU lacks the instruction");
     return;
   }
-  PortLoop loop(clock_adds == 0 ? emit : [&](jit::Generator& g, int i) {
-    emit(g, i);
-    for (int j = 0; j < clock_adds; ++j) g.add(g.rcx, g.rdx);
-  });
+  // 512 KiB and a line: past L1, within L2 on the cores measured.
+  constexpr int64_t kStreamBytes = kStride * 342;
+  alignas(64) static uint8_t mem[kStreamBytes + 128] = {};
+  PortLoop loop(
+      clock_adds == 0 ? emit
+                      : [&](jit::Generator& g, int i) {
+                          emit(g, i);
+                          for (int j = 0; j < clock_adds; ++j) g.add(g.rcx, g.rdx);
+                        },
+      mem, stream > 0 ? kStreamBytes : 0);
   std::string err;
   if (!loop.build(&err)) {
     state.SkipWithError(("skipped: " + err).c_str());
@@ -114,10 +135,11 @@ double add_chain_ns() {
 }
 
 struct Case {
-  const char* name;
+  std::string name;
   Emit emit;
-  int needs = 0;       // Needs
-  int clock_adds = 0;  // > 0: also a `clock/` case with this many adds per instance
+  int needs = 0;        // Needs
+  int clock_adds = 0;   // > 0: also a `clock/` case with this many adds per instance
+  bool stream = false;  // walks 512 KiB of its buffer (PortLoop), not one line per instance
 };
 
 // A bf16-pair 4-bit step in registers of type R (Zmm or Ymm): a shift, a table lookup, a
@@ -162,6 +184,20 @@ std::vector<Case> cases() {
          g.vfmadd231ps(Zmm(i), a, b);
        }},
       {"vpsrlw+vpermw+vdpbf16ps", pair_step<Zmm>(), kBf16, 10},
+      // Loads from L1, an instance its own line (rsi): whole lines, and lines split at byte 16
+      // (a K-quant's 64-byte quants after its 16-byte header) or a 16-byte load across a line.
+      {"load/zmm", [=](jit::Generator& g, int i) { g.vmovdqu32(Zmm(i), g.zword[g.rsi + 64 * i]); }},
+      {"load/zmm_split",
+       [=](jit::Generator& g, int i) { g.vmovdqu32(Zmm(i), g.zword[g.rsi + 64 * i + 16]); }},
+      {"load/xmm_split",
+       [=](jit::Generator& g, int i) { g.vmovdqu32(Xbyak::Xmm(i), g.xword[g.rsi + 64 * i + 56]); }},
+      // The same, walking 512 KiB: each line comes from L2, as a kernel's weights do.
+      {"load/l2_zmm", [=](jit::Generator& g, int i) { g.vmovdqu32(Zmm(i), g.zword[g.rsi + 64 * i]); }, 0, 0,
+       true},
+      {"load/l2_zmm_split",
+       [=](jit::Generator& g, int i) { g.vmovdqu32(Zmm(i), g.zword[g.rsi + 64 * i + 16]); }, 0, 0, true},
+      {"vdpbf16ps_mem", [=](jit::Generator& g, int i) { g.vdpbf16ps(Zmm(i), a, g.zword[g.rsi + 64 * i]); },
+       kBf16},
       // 256-bit forms (16 products per vdpbf16ps, 8 per FMA).
       {"vfmadd231ps_ymm", [=](jit::Generator& g, int i) { g.vfmadd231ps(Ymm(i), ya, yb); }, 0, 6},
       {"vdpbf16ps_ymm", [=](jit::Generator& g, int i) { g.vdpbf16ps(Ymm(i), ya, yb); }, kBf16},
@@ -169,6 +205,54 @@ std::vector<Case> cases() {
       {"vpermw_ymm", [=](jit::Generator& g, int i) { g.vpermw(Ymm(i), ya, yb); }},
       {"vpsrlw+vpermw+vdpbf16ps_ymm", pair_step<Ymm>(), kBf16, 10},
   };
+}
+
+// Which ports an instruction takes: `mix/X+2vpsrld` runs X beside two shifts (port 0 only on the
+// cores measured), `mix/X+2vpermps` beside two `vpermps` (port 5 only), so X's share of each port
+// is the mix's time minus 2 where that port bounds it (docs/TOOLS.md).
+std::vector<Case> port_mixes() {
+  const Zmm a(30), b(31);
+  struct Probe {
+    const char* name;
+    Emit emit;
+    int needs;
+  };
+  const std::vector<Probe> probes = {
+      {"vfmadd231ps", [=](jit::Generator& g, int i) { g.vfmadd231ps(Zmm(i), a, b); }, 0},
+      {"vdpbf16ps", [=](jit::Generator& g, int i) { g.vdpbf16ps(Zmm(i), a, b); }, kBf16},
+      {"vpermw", [=](jit::Generator& g, int i) { g.vpermw(Zmm(i), a, b); }, 0},
+      {"vpermb", [=](jit::Generator& g, int i) { g.vpermb(Zmm(i), a, b); }, kVbmi},
+      {"vpshufb", [=](jit::Generator& g, int i) { g.vpshufb(Zmm(i), a, b); }, 0},
+      {"vpsrlw", [=](jit::Generator& g, int i) { g.vpsrlw(Zmm(i), a, 4); }, 0},
+      {"vpsrlvd", [=](jit::Generator& g, int i) { g.vpsrlvd(Zmm(i), a, b); }, 0},
+      {"vpternlogd", [=](jit::Generator& g, int i) { g.vpternlogd(Zmm(i), a, b, 0xE4); }, 0},
+      {"vcvtdq2ps", [=](jit::Generator& g, int i) { g.vcvtdq2ps(Zmm(i), a); }, 0},
+      {"vcvtph2ps", [=](jit::Generator& g, int i) { g.vcvtph2ps(Zmm(i), Ymm(30)); }, 0},
+      {"vpmovzxbd", [=](jit::Generator& g, int i) { g.vpmovzxbd(Zmm(i), Xbyak::Xmm(30)); }, 0},
+      {"vgf2p8affineqb", [=](jit::Generator& g, int i) { g.vgf2p8affineqb(Zmm(i), a, b, 0); }, kGfni},
+      {"vpermi2b", [=](jit::Generator& g, int i) { g.vpermi2b(Zmm(i), a, b); }, kVbmi},
+      {"vpermps_kz", [=](jit::Generator& g, int i) { g.vpermps(Zmm(i) | g.k1 | g.T_z, a, b); }, 0},
+      {"vpsrlw+vpermw+vdpbf16ps", pair_step<Zmm>(), kBf16},
+  };
+  std::vector<Case> out;
+  for (const Probe& p : probes) {
+    const Emit x = p.emit;
+    out.push_back({std::string("mix/") + p.name + "+2vpsrld",
+                   [=](jit::Generator& g, int i) {
+                     x(g, i);
+                     g.vpsrld(Zmm(26), a, 4);
+                     g.vpsrld(Zmm(27), a, 4);
+                   },
+                   p.needs});
+    out.push_back({std::string("mix/") + p.name + "+2vpermps",
+                   [=](jit::Generator& g, int i) {
+                     x(g, i);
+                     g.vpermps(Zmm(28), a, b);
+                     g.vpermps(Zmm(29), a, b);
+                   },
+                   p.needs});
+  }
+  return out;
 }
 
 }  // namespace
@@ -183,11 +267,14 @@ int main(int argc, char** argv) {
     state.counters["clock"] = 1;
   });
   for (const Case& c : cases())
-    benchmark::RegisterBenchmark((std::string("port/") + c.name).c_str(), bm_port, c.emit, c.needs, 0);
+    benchmark::RegisterBenchmark((std::string("port/") + c.name).c_str(), bm_port, c.emit, c.needs, 0,
+                                 int64_t(c.stream));
+  for (const Case& c : port_mixes())
+    benchmark::RegisterBenchmark(c.name.c_str(), bm_port, c.emit, c.needs, 0, 0);
   for (const Case& c : cases())
     if (c.clock_adds > 0)
       benchmark::RegisterBenchmark((std::string("clock/") + c.name).c_str(), bm_port, c.emit, c.needs,
-                                   c.clock_adds);
+                                   c.clock_adds, 0);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
