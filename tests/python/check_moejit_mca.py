@@ -3,9 +3,9 @@
 What it reads from a listing is checked without llvm-mca: the inner loops
 (q2_K's per-row scale pass and its K loop on Intel, mxfp4's scale widening
 loop kept out of the weight bytes), the weight bytes per iteration, the
-phases, and the zero-idiom rewrite. Where llvm-mca of LLVM 17 or later is
-installed, the tool's report is checked too; without it that part says it
-is skipped.
+phases, and the rewrites (zero idioms, two FMA units, vdpbf16ps's ports).
+Where llvm-mca of LLVM 17 or later is installed, the tool's report is
+checked too; without it that part says it is skipped.
 
 Usage: check_moejit_mca.py --tool tools/moejit-mca --dump build/tools/moejit-dump
 """
@@ -75,6 +75,17 @@ def main():
                  "vpaddd zmm4, zmm5, zmm5", "vfmadd231ps ymm1, ymm2, ymm3"):
         expect(want in two, "two FMA units: %r missing in\n%s" % (want, two))
     expect(mca.model_source(body, False).splitlines()[1:] == body, "one FMA unit: the body unchanged")
+
+    # vdpbf16ps as the Xeon measured it: two vpermps (port 5) into registers the
+    # loop does not use, two vpermps-free vpternlogd that keep its accumulator and
+    # its memory operand; LLVM's own form with --llvm-dp (measured_dp False).
+    dp = ["vdpbf16ps zmm10, zmm0, zmmword ptr [r10+0x40]", "vpermps zmm31, zmm6, zmm4"]
+    got = mca.model_source(dp, True, True).splitlines()[1:]
+    want = ["vpermps zmm30, zmm0, zmm0", "vpermps zmm29, zmm0, zmm0",
+            "vpternlogd zmm10, zmm30, zmmword ptr [r10+0x40], 0x96", "vpternlogd zmm10, zmm29, zmm30, 0x96",
+            "vpermps zmm31, zmm6, zmm4"]
+    expect(got == want, "vdpbf16ps as measured: %s" % got)
+    expect(mca.model_source(dp, True, False).splitlines()[1:] == dp, "--llvm-dp: vdpbf16ps unchanged")
 
     # The report, where llvm-mca can model the Xeon's core.
     try:
