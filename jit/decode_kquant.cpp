@@ -5,7 +5,8 @@
 // The row body sums a block's products and hands the sums to the scale rule
 // once per block. A K-quant's sub-blocks (16 or 32 elements) each have their
 // own factor D_j = d sc[j], and every decoded vector lies inside one
-// sub-block, so the decode multiplies each vector by its D_j (exact in fp32,
+// sub-block (but q4_K's fp32 lanes, Q4Lanes, which scale sums per 128
+// elements as the pairs do), so the decode multiplies each vector by its D_j (exact in fp32,
 // and so is D_j q: at most 23 significant bits) and the rule adds the block's
 // sum and, for the formats with mins, subtracts M . S_x with one FMA against
 // the prepared sums of x (M_j = dmin m[j], XPrep's XSums). Products stay exact;
@@ -331,8 +332,7 @@ class KQuantPairs : public KQuantDecoder {
 // each of the block's factors.
 class Q4Pairs : public KQuantPairs {
  public:
-  explicit Q4Pairs(const KernelKey& key)
-      : KQuantPairs(key, XLayout::bf16_kq4, "vpermw of q"), q5_(format() == Format::q5_K) {}
+  explicit Q4Pairs(const KernelKey& key) : Q4Pairs(key, XLayout::bf16_kq4, "vpermw of q") {}
   // q4_K keeps the factor vectors' indices in c[1..4]; q5_K needs c[1] for its
   // fifth bits and loads them.
   void emit_decode_constants() override {
@@ -437,9 +437,49 @@ class Q4Pairs : public KQuantPairs {
     g().vpermps(Zmm(dst.getIdx()), Zmm(r_.c[1 + 2 * t + p].getIdx()), Zmm(r_.scale.getIdx()));
   }
 
+ protected:
+  Q4Pairs(const KernelKey& key, XLayout layout, const char* lookup)
+      : KQuantPairs(key, layout, lookup), q5_(format() == Format::q5_K) {}
+
  private:
   bool q5_;
   Label l_words_, l_dm_, l_fifth_, l_mins_, l_sc6_;
+};
+
+// q4_K in fp32 with the pairs' sub-block lanes (avx512 and avx512_bf16 without
+// kFlagBf16Pairs): the quants' 64-byte half h is steps 2 h and 2 h + 1, and
+// vector j of step t holds nibble n = 4 (t % 2) + j of every dword of it
+// (vpsrld by 4 n, then vpermps of the fp32 table 0..15, which reads an index's
+// low four bits: exact). Dword lane L is byte 4 L + n / 2 of the half, so lanes
+// 0..7 are sub-block 4 h + n % 2 and lanes 8..15 sub-block 4 h + 2 + n % 2, as
+// in Q4Pairs' vectors of half h (XLayout::f32_kq4 puts x there). The two steps
+// of a half sum their even and odd vectors into two accumulators per token
+// (DecodeShape::scale_steps 2), which apply_step scales by Q4Pairs' factor
+// vectors F(h, p): one vpermps and one FMA each per 128 elements, where Q45Zmm
+// multiplies every vector by its D_j. Per 16 products a shift (port 0 on
+// Intel), a vpermps (port 5) and an FMA (either), against the pairs' shift,
+// vpermw (ports 0 and 5) and half a vdpbf16ps (two uops on port 5 per 32).
+class Q4Lanes : public Q4Pairs {
+ public:
+  explicit Q4Lanes(const KernelKey& key) : Q4Pairs(key, XLayout::f32_kq4, "") { set_step_scaled(2); }
+  bool kquant_pairs() const override { return false; }
+  std::string describe() const override {
+    return "K-quant -> fp32 (vpermps of q), vfmadd231ps, times d sc[j] per 128 elements";
+  }
+  void emit_decode_constants() override {
+    g().vmovups(r_.c[0], ptr[rip + d_.base]);
+    for (int q = 0; q < 4; ++q) g().vmovups(r_.c[1 + q], ptr[rip + l_fidx_ + 64 * q]);
+    set_lo8();  // load_mins's zeroing mask
+  }
+  void emit_step(const Cursor& w, int t, const Xmm* dst) override {
+    Generator& a = g();
+    const int n0 = 4 * (t % 2);
+    const Zmm q = Zmm(dst[0].getIdx());
+    a.vmovdqu32(q, ptr[w.at(16 + 64 * (t / 2))]);
+    for (int j = 3; j >= 1; --j) a.vpsrld(Zmm(dst[j].getIdx()), q, 4 * (n0 + j));  // dst[0] last
+    if (n0) a.vpsrld(q, q, 4 * n0);
+    for (int j = 0; j < 4; ++j) a.vpermps(Zmm(dst[j].getIdx()), Zmm(dst[j].getIdx()), Zmm(r_.c[0].getIdx()));
+  }
 };
 
 // q6_K as bf16 pairs (kFlagBf16Pairs): step h takes the 64 ql bytes and
@@ -753,7 +793,8 @@ std::unique_ptr<Decoder> make_kquant_decoder(const KernelKey& key) {
   switch (static_cast<Format>(key.format)) {
     case Format::q4_K:
       if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q4Pairs>(key);
-      return std::make_unique<Q45Zmm>(key);
+      if (key.flags & kFlagNoGfni) return std::make_unique<Q45Zmm>(key);
+      return std::make_unique<Q4Lanes>(key);
     case Format::q5_K:
       if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q4Pairs>(key);
       return std::make_unique<Q45Zmm>(key);

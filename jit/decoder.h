@@ -33,6 +33,9 @@ struct DecodeShape {
   // and the block's apply() adds only the rule's other terms (the K-quant bf16
   // pairs, whose sub-block factors cannot ride in bf16 weights).
   bool step_scaled = false;
+  // Step-scaled: the steps whose sums one apply_step scales (the accumulators
+  // are zeroed before the first of them; the last step of a block ends a run).
+  int scale_steps = 1;
   int vectors() const { return step / vec_elems; }
 };
 
@@ -78,12 +81,12 @@ struct ScaleBlock {
   bool after_widen = true;
 };
 
-// One step for ScaleRule::apply_step (DecodeShape::step_scaled): the step's
-// two accumulators of every token, which the rule scales into that token's
-// two running totals.
+// One run of DecodeShape::scale_steps steps for ScaleRule::apply_step
+// (DecodeShape::step_scaled): the run's two accumulators of every token, which
+// the rule scales into that token's two running totals.
 struct StepBlock {
   Cursor w;                            // the block's weights
-  int step = 0;                        // the step's index in the block
+  int step = 0;                        // the run's index in the block (step / scale_steps)
   std::span<const Xbyak::Xmm> sums;    // token m: accumulators 2 m (even vectors) and 2 m + 1 (odd)
   std::span<const Xbyak::Xmm> totals;  // token m: running totals 2 m and 2 m + 1
 };
@@ -168,7 +171,7 @@ class ScaleRule : public DecodePart {
 
   // ---- per block ----
   virtual void apply(const ScaleBlock& b) = 0;
-  // After each step of a step-scaled decode (DecodeShape::step_scaled).
+  // After each run of DecodeShape::scale_steps steps of a step-scaled decode.
   virtual void apply_step(const StepBlock& /*b*/) {}
 
   // ---- tile bodies (jit/tile_body.cpp): 16 rows at a time ----
@@ -245,8 +248,9 @@ class Decoder : public DecodePart {
  protected:
   // `vectors`: output vectors per step; `rule`: null for unscaled formats.
   Decoder(const KernelKey& key, XLayout layout, int vectors, std::unique_ptr<ScaleRule> rule);
-  // Makes the shape step-scaled (DecodeShape::step_scaled), the rule's too.
-  void set_step_scaled();
+  // Makes the shape step-scaled (DecodeShape::step_scaled), the rule's too,
+  // with `steps` steps per apply_step.
+  void set_step_scaled(int steps = 1);
   virtual void emit_decode_constants() {}
 
   XLayout layout_;

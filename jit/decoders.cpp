@@ -37,8 +37,9 @@ Decoder::Decoder(const KernelKey& key, XLayout layout, int vectors, std::unique_
   if (rule_) rule_->shape_ = s;
 }
 
-void Decoder::set_step_scaled() {
+void Decoder::set_step_scaled(int steps) {
   shape_.step_scaled = true;
+  shape_.scale_steps = steps;
   if (rule_) rule_->shape_ = shape_;
 }
 
@@ -124,6 +125,11 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/, const
   // Without AVX512_VBMI the avx512_bf16 tier decodes without byte tables.
   if (needs_vbmi(isa, format, 0) && !cpu.avx512_vbmi) flags |= kFlagNoVbmi;
   if (cpu.intel && !streams_with_prefetch(format)) flags |= kFlagLinePrefetch;
+  // Without GFNI, the decodes that use it (q4_K's fp32 lanes) have a form without it.
+  if (!cpu.gfni) {
+    const auto dec = make_decoder(decoder_key(isa, format, flags));
+    if (dec && dec->needs_gfni()) flags |= kFlagNoGfni;
+  }
   // The K-quants' bf16 pairs (gemv.h): every K-quant on AMD, where bf16 pairs
   // multiply at about the fp32 FMA's cost; on Intel every K-quant but q2_K
   // (the 16-core Xeon, DeepSeek-V3, 16 threads, the pairs against the fp32

@@ -30,7 +30,7 @@ int max_tokens_per_call(Isa isa, formats::Format format) {
   // The smallest over the groups and flags a format may use.
   int m = 1 << 30;
   for (int32_t group : {16, 32, 64, 128})
-    for (uint32_t flags : {0u, kFlagNoVbmi}) {
+    for (uint32_t flags : {0u, kFlagNoVbmi, kFlagNoGfni}) {
       KernelKey k = decoder_key(isa, format, flags);
       k.group = group;
       const int t = max_tokens_per_call(k);
@@ -77,7 +77,7 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "k is too large for 32-bit displacements";
     return false;
   }
-  if ((key.flags & ~(kFlagNoVbmi | kFlagLinePrefetch | kFlagBf16Pairs | kFlagRowOrder)) != 0) {
+  if ((key.flags & ~(kFlagNoVbmi | kFlagLinePrefetch | kFlagBf16Pairs | kFlagRowOrder | kFlagNoGfni)) != 0) {
     *why = "unknown kernel flags";
     return false;
   }
@@ -100,7 +100,8 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     return false;
   }
   if (dec->needs_gfni() && !host_features().gfni) {
-    *why = std::string("this CPU lacks GFNI for the ") + formats::format_name(f) + " bf16-pair decode";
+    *why = std::string("this CPU lacks GFNI for the ") + formats::format_name(f) + " decode" +
+           ((key.flags & kFlagBf16Pairs) ? " as bf16 pairs" : " (kFlagNoGfni decodes without it)");
     return false;
   }
   return dec->check(why);

@@ -563,8 +563,9 @@ void RowBody::emit_block(int n, int ti) {
   const bool per_step = shape_.step_scaled;
   if (scaled_ && !per_step) zero_accs();
   int v = 0;  // vector index inside the block: picks the accumulator
+  const int run = shape_.scale_steps;
   for (int s = 0; s * shape_.step < n; ++s) {
-    if (per_step) zero_accs();
+    if (per_step && s % run == 0) zero_accs();
     const int off = s * shape_.step;
     const int cnt = std::min(shape_.step, n - off);
     if (cnt < shape_.step && key_.isa != Isa::avx2) set_tail_mask(cnt);
@@ -579,7 +580,7 @@ void RowBody::emit_block(int n, int ti) {
     for (int i = 0; i < shape_.vectors(); ++i, ++v)
       for (int m = 0; m < key_.tokens; ++m)
         multiply(acc(m, (per_step ? i : v) % plan_.na), v_w(i), m, off + i * shape_.vec_elems);
-    if (per_step) apply_step(s);
+    if (per_step && (s % run == run - 1 || (s + 1) * shape_.step >= n)) apply_step(s / run);
   }
   if (scaled_) {
     if (n == shape_.block) phase("block-scale");
@@ -588,8 +589,9 @@ void RowBody::emit_block(int n, int ti) {
   }
 }
 
-// Step s of a step-scaled block: the rule scales its two accumulators of
-// every token into that token's two running totals.
+// Run s (DecodeShape::scale_steps steps) of a step-scaled block: the rule
+// scales its two accumulators of every token into that token's two running
+// totals.
 void RowBody::apply_step(int s) {
   std::vector<Xmm> sums, totals;
   for (int m = 0; m < key_.tokens; ++m)

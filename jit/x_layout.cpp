@@ -25,6 +25,7 @@ void XPrep::prepare(void* vec, const uint16_t* src, int64_t k) const {
     case XLayout::f32_evens_odds:
     case XLayout::f32_kq6:
     case XLayout::f32_kq2:
+    case XLayout::f32_kq4:
       for (int64_t i = 0; i < k; ++i) static_cast<float*>(vec)[position(i)] = formats::bf16_to_f32(src[i]);
       return;
     case XLayout::bf16_perm64:
@@ -61,6 +62,7 @@ void XPrep::store(void* vec, int64_t k0, const float* v, int64_t n) const {
     case XLayout::f32_evens_odds:
     case XLayout::f32_kq6:
     case XLayout::f32_kq2:
+    case XLayout::f32_kq4:
       for (int64_t i = 0; i < n; ++i) static_cast<float*>(vec)[position(k0 + i)] = v[i];
       return;
     case XLayout::bf16:

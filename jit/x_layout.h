@@ -35,6 +35,11 @@ enum class XLayout {
   f32_kq2,         // fp32; inside each 256-element q2_K / q3_K super-block, sub-block j is vector
                    // 4 t + s with t = 2 h + j % 2, s = j / 2 % 4 (h = j / 8): the four sub-blocks of one
                    // 16-byte chunk of quants side by side (jit/decode_kquant.cpp)
+  f32_kq4,         // fp32; inside each 256-element q4_K super-block, element i of sub-block s (byte
+                   // 32 c + i of the quants, c = s / 2, high nibble when s is odd) sits at
+                   // 16 (8 (c / 2) + 2 (i % 4) + s % 2) + 8 (c % 2) + i / 4: vector n of the quants'
+                   // 64-byte half h (step 2 h + n / 4) holds nibble n of every dword of it
+                   // (jit/decode_kquant.cpp)
   bf16_kq4,        // bf16; inside each 256-element q4_K super-block, element i of sub-block s (byte
                    // 32 c + i of the quants, c = s / 2, high nibble when s is odd) sits at
                    // 32 (4 t + j) + 16 (c % 2) + i / 2 with t = c / 2, j = 2 (i % 2) + s % 2: vector
@@ -53,7 +58,8 @@ enum class XLayout {
 };
 
 inline size_t x_elem_bytes(XLayout l) {
-  return l == XLayout::f32 || l == XLayout::f32_evens_odds || l == XLayout::f32_kq6 || l == XLayout::f32_kq2
+  return l == XLayout::f32 || l == XLayout::f32_evens_odds || l == XLayout::f32_kq6 ||
+                 l == XLayout::f32_kq2 || l == XLayout::f32_kq4
              ? 4
              : 2;
 }
@@ -184,6 +190,10 @@ class XPrep {
       case XLayout::bf16_kq6: {
         const int64_t r = k & 255, h = r / 128, a = r % 128 / 32, l = r % 32;
         return (k - r) + 32 * (4 * h + 2 * (l % 2) + a / 2) + 16 * (a % 2) + l / 2;
+      }
+      case XLayout::f32_kq4: {
+        const int64_t r = k & 255, s = r / 32, i = r % 32, c = s / 2;
+        return (k - r) + 16 * (8 * (c / 2) + 2 * (i % 4) + s % 2) + 8 * (c % 2) + i / 4;
       }
       case XLayout::bf16_kq4: {
         const int64_t r = k & 255, s = r / 32, i = r % 32, c = s / 2;

@@ -38,6 +38,7 @@ struct Variant {
 const Variant kVariants[] = {
     {jit::Isa::avx2, 0, "avx2"},
     {jit::Isa::avx512, 0, "avx512"},
+    {jit::Isa::avx512, jit::kFlagNoGfni, "avx512_nogfni"},
     {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
     {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"},
     {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs, "avx512_bf16_pairs"},
@@ -106,32 +107,37 @@ std::shared_ptr<const jit::Kernel> kernel(const jit::KernelKey& key) {
 // got against float64 with the bound (K + 64) 2^-24 sum(|d sc q x| + |dmin m x|),
 // plus an absolute term for results in the subnormal range. Non-finite float64
 // results (inf or NaN scales) must come out non-finite, NaN where float64 is NaN.
-// Kernels that sum q x per sub-block before its factor (bf16 pairs: formats.md's
-// (d sc[j]) S_q) give inf, not NaN, where an infinite d meets a zero quant of a
-// sub-block whose sum is not zero; and their vdpbf16ps flushes subnormal x,
-// products and partial sums (below 2^-126, |q| <= 32) to zero, formats.md's
-// absolute term K 2^-126 max|scale| with the scale q D_j.
+// Kernels that sum q x per sub-block before its factor (sums_first: the bf16
+// pairs and q4_K's fp32 lanes, formats.md's (d sc[j]) S_q) give inf, not NaN,
+// where an infinite d meets a zero quant of a sub-block whose sum is not zero;
+// and the pairs' vdpbf16ps (flush) flushes subnormal x, products and partial
+// sums (below 2^-126, |q| <= 32) to zero, formats.md's absolute term
+// K 2^-126 max|scale| with the scale q D_j.
 ::testing::AssertionResult matches(KQuant f, const uint8_t* row, int k, const float* x, float got,
-                                   bool pairs = false) {
+                                   bool sums_first = false, bool flush = false) {
   double want, mag, smax;
   float64_row(f, row, k, x, &want, &mag, &smax);
   if (!std::isfinite(want)) {
-    if (std::isfinite(got) || (std::isnan(want) && !std::isnan(got) && !pairs))
+    if (std::isfinite(got) || (std::isnan(want) && !std::isnan(got) && !sums_first))
       return ::testing::AssertionFailure() << "got " << got << " want " << want;
     return ::testing::AssertionSuccess();
   }
   const double bound = (k + 64) * (std::ldexp(mag, -24) * 1.001 + std::ldexp(smax, -149)) +
-                       (pairs ? k * 32 * std::ldexp(smax, -126) : 0.0);
+                       (flush ? k * 32 * std::ldexp(smax, -126) : 0.0);
   if (!(std::fabs(double(got) - want) <= bound))
     return ::testing::AssertionFailure() << "got " << got << " want " << want << " bound " << bound;
   return ::testing::AssertionSuccess();
 }
 
 bool pairs(const Variant& v) { return (v.flags & jit::kFlagBf16Pairs) != 0; }
-// The pair decodes of q3_K, q4_K and q5_K use GFNI (every AMD CPU with
-// AVX512_BF16 has it); the variant's tests run where all five generate.
+// q4_K's fp32 lane decode (the avx512 tiers without kFlagBf16Pairs or kFlagNoGfni).
+bool lanes(const Variant& v) { return v.isa != jit::Isa::avx2 && !pairs(v) && !(v.flags & jit::kFlagNoGfni); }
+// Whether a variant's f kernels scale sums of q x (the pairs, q4_K's lanes).
+bool sums_first(const Variant& v, KQuant f) { return pairs(v) || (f == KQuant::q4_K && lanes(v)); }
+// The pair decodes of q3_K, q4_K and q5_K and q4_K's lanes use GFNI (every AMD
+// CPU with AVX512_BF16 has it); the variant's tests run where all five generate.
 bool available(const Variant& v) {
-  return jit::isa_available(v.isa) && (!pairs(v) || jit::host_features().gfni);
+  return jit::isa_available(v.isa) && (!(pairs(v) || lanes(v)) || jit::host_features().gfni);
 }
 // Why a variant's tests skip here.
 std::string lacks(const Variant& v) {
@@ -163,7 +169,8 @@ TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
       const std::vector<float> y = run(*kern, b, x);
       for (int m = 0; m < 2; ++m)
         for (int r = 0; r < rows; ++r)
-          ASSERT_TRUE(matches(f, b.row(r), k, &x[size_t(m) * k], y[size_t(m) * rows + r], pairs(v)))
+          ASSERT_TRUE(
+              matches(f, b.row(r), k, &x[size_t(m) * k], y[size_t(m) * rows + r], sums_first(v, f), pairs(v)))
               << kern->key().name() << " token " << m << " row " << r;
     }
   }
@@ -235,7 +242,7 @@ TEST_P(KQuantKernels, EveryScaleByteValue) {
         std::memcpy(part.data(), b.row(r0), 64 * b.row_bytes);
         const std::vector<float> y = run(*kern, part, x);
         for (int i = 0; i < 64; ++i)
-          ASSERT_TRUE(matches(f, part.row(i), k, x.data(), y[size_t(i)], pairs(v)))
+          ASSERT_TRUE(matches(f, part.row(i), k, x.data(), y[size_t(i)], sums_first(v, f), pairs(v)))
               << kern->key().name() << " byte " << byte << " of the second super-block = " << r0 + i;
       }
     }
@@ -266,7 +273,7 @@ TEST_P(KQuantKernels, ExtremeSuperBlockScales) {
         const std::vector<float> x = bf16_x(k, rng);
         const std::vector<float> y = run(*kern, b, x);
         for (int r = 0; r < rows; ++r)
-          ASSERT_TRUE(matches(f, b.row(r), k, x.data(), y[size_t(r)], pairs(v)))
+          ASSERT_TRUE(matches(f, b.row(r), k, x.data(), y[size_t(r)], sums_first(v, f), pairs(v)))
               << kern->key().name() << " d " << std::hex << hd << " dmin " << hm << " row " << std::dec << r;
       }
   }
@@ -286,9 +293,13 @@ TEST(KQuantKernels, DecoderAndPreparedSums) {
       EXPECT_EQ(path.find("bf16 pairs") != std::string::npos, pairs(v))
           << v.name << " " << name(f) << ": " << path;
       // The avx512 tiers' fp32 decode: vpermps tables of d sc[j] q, but q6_K's
-      // conversion and FMA.
+      // conversion and FMA, and q4_K's lanes scaled per 128 elements (kFlagNoGfni:
+      // the tables).
       if (v.isa != jit::Isa::avx2 && !pairs(v)) {
-        EXPECT_EQ(path.find("vpermps tables") != std::string::npos, f != KQuant::q6_K)
+        const bool q4_lanes = f == KQuant::q4_K && lanes(v);
+        EXPECT_EQ(path.find("vpermps tables") != std::string::npos, f != KQuant::q6_K && !q4_lanes)
+            << v.name << " " << name(f) << ": " << path;
+        EXPECT_EQ(path.find("per 128 elements") != std::string::npos, q4_lanes)
             << v.name << " " << name(f) << ": " << path;
       }
       const jit::XPrep prep = jit::x_prep(v.isa, moejit::formats::Format(int32_t(f)), v.flags);
@@ -327,6 +338,36 @@ TEST(KQuantKernels, BfPairsOnlyOnAvx512Bf16) {
       EXPECT_EQ((flags & jit::kFlagRowOrder) != 0,
                 (flags & jit::kFlagBf16Pairs) && jit::host_features().intel)
           << name(f);
+    }
+}
+
+// A CPU without GFNI (Skylake-SP, Cascade Lake, Cooper Lake): the runtime asks
+// for kFlagNoGfni where a decode uses GFNI (q4_K's lanes, the avx512 tiers), and
+// that decode needs no GFNI; the pairs are not asked for there.
+TEST(KQuantKernels, WithoutGfniTheRuntimeAsksForTheDecodeWithoutIt) {
+  jit::CpuFeatures cpu = jit::host_features();
+  cpu.gfni = false;
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16})
+    for (bool intel : {false, true}) {
+      cpu.intel = intel;
+      for (KQuant f : kAll) {
+        const auto format = moejit::formats::Format(int32_t(f));
+        const uint32_t flags = jit::runtime_flags(isa, format, 256, cpu);
+        const bool q4_zmm = f == KQuant::q4_K && isa != jit::Isa::avx2;
+        EXPECT_EQ((flags & jit::kFlagNoGfni) != 0, q4_zmm) << jit::isa_name(isa) << " " << name(f);
+        if (pairs_need_gfni(f)) {
+          EXPECT_EQ(flags & jit::kFlagBf16Pairs, 0u) << jit::isa_name(isa) << " " << name(f);
+        }
+        const std::string path = jit::decode_path(isa, format, flags);
+        if (q4_zmm) {
+          EXPECT_NE(path.find("vpermps tables"), std::string::npos) << path;
+        }
+        std::string why;
+        const jit::KernelKey key = make_key(Variant{isa, flags, ""}, f, 512, 16, 1);
+        if (jit::isa_available(isa)) {
+          EXPECT_TRUE(jit::gemv_supported(key, &why)) << key.name() << ": " << why;
+        }
+      }
     }
 }
 
