@@ -364,8 +364,9 @@ TEST(Plan, Bf16LinePrefetchFollowsTheCpu) {
 }
 
 // A plan for another vendor's CPU (plan::Target::cpu, moejit-dump --cpu) takes
-// that vendor's flags: on Intel bf16's line prefetch, q2_K's fp32 decode and
-// the pair kernels' row order; on AMD none of them and q2_K's pairs. The
+// that vendor's flags: on Intel bf16's line prefetch, q2_K's and q4_K's fp32
+// decodes and the pair kernels' row order (q6_K's); on AMD none of them and
+// the pairs of both. The
 // rest of the features stay the host's.
 TEST(Plan, TargetCpuTakesTheVendorsFlags) {
   jit::CpuFeatures intel = jit::host_features(), amd = jit::host_features();
@@ -378,6 +379,7 @@ TEST(Plan, TargetCpuTakesTheVendorsFlags) {
     EXPECT_NE(plan::matrix_plan(t, {Format::bf16}, 64, 2048, 0).flags & jit::kFlagLinePrefetch, 0u);
     const uint32_t q2_intel = plan::matrix_plan(t, {Format::q2_K}, 64, 2048, 0).flags;
     const uint32_t q4_intel = plan::matrix_plan(t, {Format::q4_K}, 64, 2048, 0).flags;
+    const uint32_t q6_intel = plan::matrix_plan(t, {Format::q6_K}, 64, 2048, 0).flags;
     t.cpu = &amd;
     EXPECT_EQ(plan::matrix_plan(t, {Format::bf16}, 64, 2048, 0).flags & jit::kFlagLinePrefetch, 0u);
     const uint32_t q2_amd = plan::matrix_plan(t, {Format::q2_K}, 64, 2048, 0).flags;
@@ -389,8 +391,9 @@ TEST(Plan, TargetCpuTakesTheVendorsFlags) {
     EXPECT_EQ((q2_amd & jit::kFlagBf16Pairs) != 0, bf16) << jit::isa_name(isa);
     const bool q4_pairs = bf16 && jit::host_features().gfni;
     EXPECT_EQ((q4_amd & jit::kFlagBf16Pairs) != 0, q4_pairs) << jit::isa_name(isa);
-    EXPECT_EQ(q4_intel & (jit::kFlagBf16Pairs | jit::kFlagRowOrder),
-              q4_pairs ? jit::kFlagBf16Pairs | jit::kFlagRowOrder : 0u)
+    EXPECT_EQ(q4_intel & (jit::kFlagBf16Pairs | jit::kFlagRowOrder), 0u) << jit::isa_name(isa);
+    EXPECT_EQ(q6_intel & (jit::kFlagBf16Pairs | jit::kFlagRowOrder),
+              bf16 ? jit::kFlagBf16Pairs | jit::kFlagRowOrder : 0u)
         << jit::isa_name(isa);
     // Without a cpu the plan is this host's.
     t.cpu = nullptr;
@@ -868,7 +871,7 @@ TEST(DumpTool, JsonRawAndLayer) {
 // pairs in row order).
 TEST(DumpTool, CpuPicksTheVendorsKernels) {
   if (!jit::isa_available(jit::Isa::avx512_bf16)) GTEST_SKIP() << "this CPU lacks avx512_bf16";
-  if (!jit::host_features().gfni) GTEST_SKIP() << "this CPU lacks GFNI (q4_K's pairs)";
+  if (!jit::host_features().gfni) GTEST_SKIP() << "this CPU lacks GFNI (q4_K's pairs and lanes)";
   const struct {
     const char* args;
     const char* intel;
@@ -878,8 +881,10 @@ TEST(DumpTool, CpuPicksTheVendorsKernels) {
        "bf16_k2048_r64_m1_avx512bf16"},
       {"--format q2_K --k 2048 --rows 64 --tokens 1", "q2_K_k2048_r64_m1_avx512bf16",
        "q2_K_k2048_r64_m1_avx512bf16_f4"},
-      {"--format q4_K --k 2048 --rows 64 --tokens 4", "q4_K_k2048_r64_m4_avx512bf16_f12",
+      {"--format q4_K --k 2048 --rows 64 --tokens 4", "q4_K_k2048_r64_m4_avx512bf16",
        "q4_K_k2048_r64_m4_avx512bf16_f4"},
+      {"--format q6_K --k 2048 --rows 64 --tokens 4", "q6_K_k2048_r64_m4_avx512bf16_f12",
+       "q6_K_k2048_r64_m4_avx512bf16_f4"},
   };
   for (const auto& c : cases)
     for (const char* cpu : {"intel", "amd"}) {
@@ -891,10 +896,10 @@ TEST(DumpTool, CpuPicksTheVendorsKernels) {
     }
   const ToolRun r =
       run(MOEJIT_DUMP_EXE,
-          "--layer --format q4_K --hidden 2048 --intermediate 768 --experts 128 --top-k 8 --list "
+          "--layer --format q6_K --hidden 2048 --intermediate 768 --experts 128 --top-k 8 --list "
           "--threads 2 --isa avx512_bf16 --cpu intel");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("q4_K_k2048_r32_m2_avx512bf16_f12\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("q6_K_k2048_r32_m2_avx512bf16_f12\n"), std::string::npos) << r.out;
 }
 
 TEST(DumpTool, BadArgumentsAndUnsupportedRequestsFailWithOneLine) {
@@ -967,7 +972,7 @@ TEST(InfoTool, ReportsWhatTheLibraryRuns) {
     EXPECT_EQ(r.out.substr(f, r.out.find('\n', f) - f).find("prefetch:"), std::string::npos);
   }
   // The K-quants' decode is the one the layers run: bf16 pairs where the
-  // runtime asks for them (kFlagBf16Pairs: AMD, and all but q2_K on Intel).
+  // runtime asks for them (kFlagBf16Pairs: AMD, and all but q2_K and q4_K on Intel).
   for (const char* name : {"q4_K", "q2_K"}) {
     const size_t b = r.out.find(std::string("  ") + name + "        "), e = r.out.find('\n', b);
     ASSERT_NE(b, std::string::npos) << name << "\n" << r.out;
