@@ -167,8 +167,10 @@ std::vector<Case> cases() {
       {"vpandd", [=](jit::Generator& g, int i) { g.vpandd(Zmm(i), a, b); }, 0, 6},
       {"vpternlogd", [=](jit::Generator& g, int i) { g.vpternlogd(Zmm(i), a, b, 0xE4); }},
       {"vpsrld_imm", [=](jit::Generator& g, int i) { g.vpsrld(Zmm(i), a, 4); }},
+      {"vpsrlw", [=](jit::Generator& g, int i) { g.vpsrlw(Zmm(i), a, 4); }},
       {"vpsrlvd", [=](jit::Generator& g, int i) { g.vpsrlvd(Zmm(i), a, b); }},
       {"vpermps", [=](jit::Generator& g, int i) { g.vpermps(Zmm(i), a, b); }},
+      {"vpermps_kz", [=](jit::Generator& g, int i) { g.vpermps(Zmm(i) | g.k1 | g.T_z, a, b); }},
       {"vpermw", [=](jit::Generator& g, int i) { g.vpermw(Zmm(i), a, b); }, 0, 6},
       {"vpermb", [=](jit::Generator& g, int i) { g.vpermb(Zmm(i), a, b); }, kVbmi},
       {"vpermi2b", [=](jit::Generator& g, int i) { g.vpermi2b(Zmm(i), a, b); }, kVbmi},
@@ -207,50 +209,33 @@ std::vector<Case> cases() {
   };
 }
 
-// Which ports an instruction takes: `mix/X+2vpsrld` runs X beside two shifts (port 0 only on the
-// cores measured), `mix/X+2vpermps` beside two `vpermps` (port 5 only), so X's share of each port
-// is the mix's time minus 2 where that port bounds it (docs/TOOLS.md).
+// Which ports an instruction takes: `mix/X+2vpsrld` runs case X beside two shifts (port 0 only on
+// the cores measured), `mix/X+2vpermps` beside two `vpermps` (port 5 only), so X's share of each
+// port is the mix's time minus 2 where that port bounds it (docs/TOOLS.md). X: the decoders'
+// instructions among cases(), and the 4-bit pair step.
 std::vector<Case> port_mixes() {
   const Zmm a(30), b(31);
-  struct Probe {
-    const char* name;
-    Emit emit;
-    int needs;
-  };
-  const std::vector<Probe> probes = {
-      {"vfmadd231ps", [=](jit::Generator& g, int i) { g.vfmadd231ps(Zmm(i), a, b); }, 0},
-      {"vdpbf16ps", [=](jit::Generator& g, int i) { g.vdpbf16ps(Zmm(i), a, b); }, kBf16},
-      {"vpermw", [=](jit::Generator& g, int i) { g.vpermw(Zmm(i), a, b); }, 0},
-      {"vpermb", [=](jit::Generator& g, int i) { g.vpermb(Zmm(i), a, b); }, kVbmi},
-      {"vpshufb", [=](jit::Generator& g, int i) { g.vpshufb(Zmm(i), a, b); }, 0},
-      {"vpsrlw", [=](jit::Generator& g, int i) { g.vpsrlw(Zmm(i), a, 4); }, 0},
-      {"vpsrlvd", [=](jit::Generator& g, int i) { g.vpsrlvd(Zmm(i), a, b); }, 0},
-      {"vpternlogd", [=](jit::Generator& g, int i) { g.vpternlogd(Zmm(i), a, b, 0xE4); }, 0},
-      {"vcvtdq2ps", [=](jit::Generator& g, int i) { g.vcvtdq2ps(Zmm(i), a); }, 0},
-      {"vcvtph2ps", [=](jit::Generator& g, int i) { g.vcvtph2ps(Zmm(i), Ymm(30)); }, 0},
-      {"vpmovzxbd", [=](jit::Generator& g, int i) { g.vpmovzxbd(Zmm(i), Xbyak::Xmm(30)); }, 0},
-      {"vgf2p8affineqb", [=](jit::Generator& g, int i) { g.vgf2p8affineqb(Zmm(i), a, b, 0); }, kGfni},
-      {"vpermi2b", [=](jit::Generator& g, int i) { g.vpermi2b(Zmm(i), a, b); }, kVbmi},
-      {"vpermps_kz", [=](jit::Generator& g, int i) { g.vpermps(Zmm(i) | g.k1 | g.T_z, a, b); }, 0},
-      {"vpsrlw+vpermw+vdpbf16ps", pair_step<Zmm>(), kBf16},
-  };
+  const char* const probes[] = {
+      "vfmadd231ps", "vdpbf16ps",      "vpermw",     "vpermb",     "vpshufb",
+      "vpsrlw",      "vpsrlvd",        "vpternlogd", "vcvtdq2ps",  "vcvtph2ps",
+      "vpmovzxbd",   "vgf2p8affineqb", "vpermi2b",   "vpermps_kz", "vpsrlw+vpermw+vdpbf16ps"};
+  const std::vector<Case> all = cases();
   std::vector<Case> out;
-  for (const Probe& p : probes) {
-    const Emit x = p.emit;
-    out.push_back({std::string("mix/") + p.name + "+2vpsrld",
-                   [=](jit::Generator& g, int i) {
-                     x(g, i);
-                     g.vpsrld(Zmm(26), a, 4);
-                     g.vpsrld(Zmm(27), a, 4);
-                   },
-                   p.needs});
-    out.push_back({std::string("mix/") + p.name + "+2vpermps",
-                   [=](jit::Generator& g, int i) {
-                     x(g, i);
-                     g.vpermps(Zmm(28), a, b);
-                     g.vpermps(Zmm(29), a, b);
-                   },
-                   p.needs});
+  for (const char* name : probes) {
+    const auto c = std::find_if(all.begin(), all.end(), [&](const Case& k) { return k.name == name; });
+    if (c == all.end()) continue;
+    const Emit x = c->emit;
+    auto beside = [&](const char* what, const Emit& partner) {
+      out.push_back({std::string("mix/") + name + "+2" + what,
+                     [=](jit::Generator& g, int i) {
+                       x(g, i);
+                       partner(g, 0);
+                       partner(g, 1);
+                     },
+                     c->needs});
+    };
+    beside("vpsrld", [=](jit::Generator& g, int j) { g.vpsrld(Zmm(26 + j), a, 4); });
+    beside("vpermps", [=](jit::Generator& g, int j) { g.vpermps(Zmm(28 + j), a, b); });
   }
   return out;
 }
