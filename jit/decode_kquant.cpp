@@ -5,7 +5,7 @@
 // The row body sums a block's products and hands the sums to the scale rule
 // once per block. A K-quant's sub-blocks (16 or 32 elements) each have their
 // own factor D_j = d sc[j], and every decoded vector lies inside one
-// sub-block (but q4_K's fp32 lanes, Q4Lanes, which scale sums per 128
+// sub-block (but q4_K's and q5_K's fp32 lanes, Q45Lanes, which scale sums per 128
 // elements as the pairs do), so the decode multiplies each vector by its D_j (exact in fp32,
 // and so is D_j q: at most 23 significant bits) and the rule adds the block's
 // sum and, for the formats with mins, subtracts M . S_x with one FMA against
@@ -440,39 +440,64 @@ class Q4Pairs : public KQuantPairs {
  protected:
   Q4Pairs(const KernelKey& key, XLayout layout, const char* lookup)
       : KQuantPairs(key, layout, lookup), q5_(format() == Format::q5_K) {}
+  bool q5() const { return q5_; }
+  Label l_fifth_;
 
  private:
   bool q5_;
-  Label l_words_, l_dm_, l_fifth_, l_mins_, l_sc6_;
+  Label l_words_, l_dm_, l_mins_, l_sc6_;
 };
 
-// q4_K in fp32 with the pairs' sub-block lanes (avx512 and avx512_bf16 without
-// kFlagBf16Pairs): the quants' 64-byte half h is steps 2 h and 2 h + 1, and
-// vector j of step t holds nibble n = 4 (t % 2) + j of every dword of it
-// (vpsrld by 4 n, then vpermps of the fp32 table 0..15, which reads an index's
-// low four bits: exact). Dword lane L is byte 4 L + n / 2 of the half, so lanes
-// 0..7 are sub-block 4 h + n % 2 and lanes 8..15 sub-block 4 h + 2 + n % 2, as
-// in Q4Pairs' vectors of half h (XLayout::f32_kq4 puts x there). The two steps
-// of a half sum their even and odd vectors into two accumulators per token
-// (DecodeShape::scale_steps 2), which apply_step scales by Q4Pairs' factor
-// vectors F(h, p): one vpermps and one FMA each per 128 elements, where Q45Zmm
-// multiplies every vector by its D_j. Per 16 products a shift (port 0 on
-// Intel), a vpermps (port 5) and an FMA (either), against the pairs' shift,
-// vpermw (ports 0 and 5) and half a vdpbf16ps (two uops on port 5 per 32).
-class Q4Lanes : public Q4Pairs {
+// q4_K and q5_K in fp32 with the pairs' sub-block lanes (avx512 and
+// avx512_bf16 without kFlagBf16Pairs or kFlagNoGfni): the quants' 64-byte half
+// h is steps 2 h and 2 h + 1, and vector j of step t holds nibble n = 4 (t % 2)
+// + j of every dword of it (q4_K: vpsrld by 4 n, then vpermps of the fp32
+// table 0..15, which reads an index's low four bits: exact). Dword lane L is
+// byte 4 L + n / 2 of the half, so lanes 0..7 are sub-block 4 h + n % 2 and
+// lanes 8..15 sub-block 4 h + 2 + n % 2, as in Q4Pairs' vectors of half h
+// (XLayout::f32_kq4 puts x there). The two steps of a half sum their even and
+// odd vectors into two accumulators per token (DecodeShape::scale_steps 2),
+// which apply_step scales by Q4Pairs' factor vectors F(h, p): one vpermps and
+// one FMA each per 128 elements, where Q45Zmm multiplies every vector by its
+// D_j. Per 16 products a shift (port 0 on Intel), a vpermps (port 5) and an
+// FMA (either), against the pairs' shift, vpermw (ports 0 and 5) and half a
+// vdpbf16ps (two uops on port 5 per 32).
+//
+// q5_K: step 2 h joins the fifth bits to the half's bytes as its pairs do
+// (two vgf2p8affineqb of the broadcast qh and two vpternlogd): E holds every
+// byte's low nibble and its fifth bit, O its high nibble and its fifth bit
+// (bits 5..7 zero). Vector j of step t is then E or O (j even or odd) shifted
+// right by 8 (2 (t % 2) + j / 2), and vpermi2ps looks up its low five bits in
+// the 32-entry table 0..31 (c[0], c[1]). Step 2 h leaves E >> 16 and O >> 16
+// in c[2], c[3] for step 2 h + 1.
+class Q45Lanes : public Q4Pairs {
  public:
-  explicit Q4Lanes(const KernelKey& key) : Q4Pairs(key, XLayout::f32_kq4, "") { set_step_scaled(2); }
+  explicit Q45Lanes(const KernelKey& key) : Q4Pairs(key, XLayout::f32_kq4, "") { set_step_scaled(2); }
   bool kquant_pairs() const override { return false; }
   std::string describe() const override {
-    return "K-quant -> fp32 (vpermps of q), vfmadd231ps, times d sc[j] per 128 elements";
+    return std::string("K-quant -> fp32 (") + (q5() ? "vpermi2ps" : "vpermps") +
+           " of q), vfmadd231ps, times d sc[j] per 128 elements";
   }
   void emit_decode_constants() override {
-    g().vmovups(r_.c[0], ptr[rip + d_.base]);
-    for (int q = 0; q < 4; ++q) g().vmovups(r_.c[1 + q], ptr[rip + l_fidx_ + 64 * q]);
+    if (q5()) {  // the factor vectors' indices come from memory (KQuantPairs::emit_factor_vector)
+      g().vmovups(r_.c[0], ptr[rip + l_values_]);
+      g().vmovups(r_.c[1], ptr[rip + l_values_ + 64]);
+    } else {
+      g().vmovups(r_.c[0], ptr[rip + d_.base]);
+      for (int q = 0; q < 4; ++q) g().vmovups(r_.c[1 + q], ptr[rip + l_fidx_ + 64 * q]);
+    }
     set_lo8();  // load_mins's zeroing mask
+  }
+  void emit_data() override {
+    Q4Pairs::emit_data();
+    if (!q5()) return;
+    g().align(64);
+    g().L(l_values_);  // fp32 0..31
+    for (int i = 0; i < 32; ++i) g().df32(float(i));
   }
   void emit_step(const Cursor& w, int t, const Xmm* dst) override {
     Generator& a = g();
+    if (q5()) return emit_step_q5(w, t, dst);
     const int n0 = 4 * (t % 2);
     const Zmm q = Zmm(dst[0].getIdx());
     a.vmovdqu32(q, ptr[w.at(16 + 64 * (t / 2))]);
@@ -480,6 +505,36 @@ class Q4Lanes : public Q4Pairs {
     if (n0) a.vpsrld(q, q, 4 * n0);
     for (int j = 0; j < 4; ++j) a.vpermps(Zmm(dst[j].getIdx()), Zmm(dst[j].getIdx()), Zmm(r_.c[0].getIdx()));
   }
+
+ private:
+  void emit_step_q5(const Cursor& w, int t, const Xmm* dst) {
+    Generator& a = g();
+    const Zmm d0 = Zmm(dst[0].getIdx()), d1 = Zmm(dst[1].getIdx()), d2 = Zmm(dst[2].getIdx()),
+              d3 = Zmm(dst[3].getIdx()), e16 = Zmm(r_.c[2].getIdx()), o16 = Zmm(r_.c[3].getIdx());
+    if (t % 2 == 0) {
+      const int h = t / 2;
+      a.vbroadcasti64x4(d3, ptr[w.at(16)]);  // qh
+      a.vmovdqu32(d0, ptr[w.at(48 + 64 * h)]);
+      a.vgf2p8affineqb(d2, d3, ptr[rip + l_fifth_ + 128 * h], 0);
+      a.vgf2p8affineqb(d3, d3, ptr[rip + l_fifth_ + 128 * h + 64], 0);
+      a.vpsrlw(d1, d0, 4);
+      a.vpternlogd(d0, d2, low4_bytes(), 0xE4);  // E: low nibbles ? nibble : fifth bit
+      a.vpternlogd(d1, d3, low4_bytes(), 0xE4);  // O
+      a.vpsrld(e16, d0, 16);
+      a.vpsrld(o16, d1, 16);
+      a.vpsrld(d2, d0, 8);
+      a.vpsrld(d3, d1, 8);
+    } else {
+      a.vpsrld(d2, e16, 8);
+      a.vpsrld(d3, o16, 8);
+      a.vmovdqa32(d0, e16);
+      a.vmovdqa32(d1, o16);
+    }
+    for (int j = 0; j < 4; ++j)
+      a.vpermi2ps(Zmm(dst[j].getIdx()), Zmm(r_.c[0].getIdx()), Zmm(r_.c[1].getIdx()));
+  }
+
+  Label l_values_;
 };
 
 // q6_K as bf16 pairs (kFlagBf16Pairs): step h takes the 64 ql bytes and
@@ -792,12 +847,10 @@ std::unique_ptr<Decoder> make_kquant_decoder(const KernelKey& key) {
   if (key.isa == Isa::avx2) return make_ymm_decoder(key);
   switch (static_cast<Format>(key.format)) {
     case Format::q4_K:
-      if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q4Pairs>(key);
-      if (key.flags & kFlagNoGfni) return std::make_unique<Q45Zmm>(key);
-      return std::make_unique<Q4Lanes>(key);
     case Format::q5_K:
       if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q4Pairs>(key);
-      return std::make_unique<Q45Zmm>(key);
+      if (key.flags & kFlagNoGfni) return std::make_unique<Q45Zmm>(key);
+      return std::make_unique<Q45Lanes>(key);
     case Format::q6_K:
       if ((key.flags & kFlagBf16Pairs) && key.isa == Isa::avx512_bf16) return std::make_unique<Q6Pairs>(key);
       return std::make_unique<Q6Zmm>(key);

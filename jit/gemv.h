@@ -67,10 +67,10 @@ constexpr uint32_t kFlagBf16Pairs = 4;
 // they gained 1.07-1.30x at 64 tokens (docs/PERFORMANCE.md). Kernels without
 // kFlagBf16Pairs reject it.
 constexpr uint32_t kFlagRowOrder = 8;
-// avx512 and avx512_bf16 without kFlagBf16Pairs, q4_K: decode without GFNI
+// avx512 and avx512_bf16 without kFlagBf16Pairs, q4_K and q5_K: decode without GFNI
 // (CPUs without it: Skylake-SP, Cascade Lake, Cooper Lake), multiplying every
 // widened vector by its d sc[j], instead of the GFNI scale unpack and the
-// per-128-element factors of its lane decode (jit/decode_kquant.cpp, Q4Lanes).
+// per-128-element factors of its lane decode (jit/decode_kquant.cpp, Q45Lanes).
 // runtime_flags sets it where the CPU lacks GFNI and the format's decode uses
 // it. Other formats ignore it.
 constexpr uint32_t kFlagNoGfni = 16;

@@ -35,7 +35,7 @@ enum class XLayout {
   f32_kq2,         // fp32; inside each 256-element q2_K / q3_K super-block, sub-block j is vector
                    // 4 t + s with t = 2 h + j % 2, s = j / 2 % 4 (h = j / 8): the four sub-blocks of one
                    // 16-byte chunk of quants side by side (jit/decode_kquant.cpp)
-  f32_kq4,         // fp32; inside each 256-element q4_K super-block, element i of sub-block s (byte
+  f32_kq4,         // fp32; inside each 256-element q4_K / q5_K super-block, element i of sub-block s (byte
                    // 32 c + i of the quants, c = s / 2, high nibble when s is odd) sits at
                    // 16 (8 (c / 2) + 2 (i % 4) + s % 2) + 8 (c % 2) + i / 4: vector n of the quants'
                    // 64-byte half h (step 2 h + n / 4) holds nibble n of every dword of it

@@ -144,9 +144,9 @@ std::vector<jit::KernelKey> all_keys() {
   // Intel's pair kernels (kFlagRowOrder: no K chunks).
   for (Format f : {Format::q4_K, Format::q6_K, Format::q5_K, Format::q3_K})
     add_kquant(f, jit::Isa::avx512_bf16, jit::kFlagBf16Pairs | jit::kFlagRowOrder);
-  // q4_K without GFNI (kFlagNoGfni: every vector times its d sc[j]).
-  for (jit::Isa isa : {jit::Isa::avx512, jit::Isa::avx512_bf16})
-    add_kquant(Format::q4_K, isa, jit::kFlagNoGfni);
+  // q4_K and then q5_K without GFNI (kFlagNoGfni: every vector times its d sc[j]).
+  for (Format f : {Format::q4_K, Format::q5_K})
+    for (jit::Isa isa : {jit::Isa::avx512, jit::Isa::avx512_bf16}) add_kquant(f, isa, jit::kFlagNoGfni);
   return keys;
 }
 

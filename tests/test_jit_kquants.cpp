@@ -108,7 +108,7 @@ std::shared_ptr<const jit::Kernel> kernel(const jit::KernelKey& key) {
 // plus an absolute term for results in the subnormal range. Non-finite float64
 // results (inf or NaN scales) must come out non-finite, NaN where float64 is NaN.
 // Kernels that sum q x per sub-block before its factor (sums_first: the bf16
-// pairs and q4_K's fp32 lanes, formats.md's (d sc[j]) S_q) give inf, not NaN,
+// pairs and q4_K's and q5_K's fp32 lanes, formats.md's (d sc[j]) S_q) give inf, not NaN,
 // where an infinite d meets a zero quant of a sub-block whose sum is not zero;
 // and the pairs' vdpbf16ps (flush) flushes subnormal x, products and partial
 // sums (below 2^-126, |q| <= 32) to zero, formats.md's absolute term
@@ -130,11 +130,12 @@ std::shared_ptr<const jit::Kernel> kernel(const jit::KernelKey& key) {
 }
 
 bool pairs(const Variant& v) { return (v.flags & jit::kFlagBf16Pairs) != 0; }
-// q4_K's fp32 lane decode (the avx512 tiers without kFlagBf16Pairs or kFlagNoGfni).
+// q4_K's and q5_K's fp32 lane decode (the avx512 tiers without kFlagBf16Pairs or kFlagNoGfni).
 bool lanes(const Variant& v) { return v.isa != jit::Isa::avx2 && !pairs(v) && !(v.flags & jit::kFlagNoGfni); }
-// Whether a variant's f kernels scale sums of q x (the pairs, q4_K's lanes).
-bool sums_first(const Variant& v, KQuant f) { return pairs(v) || (f == KQuant::q4_K && lanes(v)); }
-// The pair decodes of q3_K, q4_K and q5_K and q4_K's lanes use GFNI (every AMD
+bool has_lanes(KQuant f) { return f == KQuant::q4_K || f == KQuant::q5_K; }
+// Whether a variant's f kernels scale sums of q x (the pairs, the lanes).
+bool sums_first(const Variant& v, KQuant f) { return pairs(v) || (has_lanes(f) && lanes(v)); }
+// The pair decodes of q3_K, q4_K and q5_K and their lanes use GFNI (every AMD
 // CPU with AVX512_BF16 has it); the variant's tests run where all five generate.
 bool available(const Variant& v) {
   return jit::isa_available(v.isa) && (!(pairs(v) || lanes(v)) || jit::host_features().gfni);
@@ -293,13 +294,13 @@ TEST(KQuantKernels, DecoderAndPreparedSums) {
       EXPECT_EQ(path.find("bf16 pairs") != std::string::npos, pairs(v))
           << v.name << " " << name(f) << ": " << path;
       // The avx512 tiers' fp32 decode: vpermps tables of d sc[j] q, but q6_K's
-      // conversion and FMA, and q4_K's lanes scaled per 128 elements (kFlagNoGfni:
-      // the tables).
+      // conversion and FMA, and q4_K's and q5_K's lanes scaled per 128 elements
+      // (kFlagNoGfni: the tables).
       if (v.isa != jit::Isa::avx2 && !pairs(v)) {
-        const bool q4_lanes = f == KQuant::q4_K && lanes(v);
-        EXPECT_EQ(path.find("vpermps tables") != std::string::npos, f != KQuant::q6_K && !q4_lanes)
+        const bool scaled_sums = has_lanes(f) && lanes(v);
+        EXPECT_EQ(path.find("vpermps tables") != std::string::npos, f != KQuant::q6_K && !scaled_sums)
             << v.name << " " << name(f) << ": " << path;
-        EXPECT_EQ(path.find("per 128 elements") != std::string::npos, q4_lanes)
+        EXPECT_EQ(path.find("per 128 elements") != std::string::npos, scaled_sums)
             << v.name << " " << name(f) << ": " << path;
       }
       const jit::XPrep prep = jit::x_prep(v.isa, moejit::formats::Format(int32_t(f)), v.flags);
@@ -343,7 +344,7 @@ TEST(KQuantKernels, BfPairsOnlyOnAvx512Bf16) {
 }
 
 // A CPU without GFNI (Skylake-SP, Cascade Lake, Cooper Lake): the runtime asks
-// for kFlagNoGfni where a decode uses GFNI (q4_K's lanes, the avx512 tiers), and
+// for kFlagNoGfni where a decode uses GFNI (q4_K's and q5_K's lanes, the avx512 tiers), and
 // that decode needs no GFNI; the pairs are not asked for there.
 TEST(KQuantKernels, WithoutGfniTheRuntimeAsksForTheDecodeWithoutIt) {
   jit::CpuFeatures cpu = jit::host_features();
@@ -354,13 +355,13 @@ TEST(KQuantKernels, WithoutGfniTheRuntimeAsksForTheDecodeWithoutIt) {
       for (KQuant f : kAll) {
         const auto format = moejit::formats::Format(int32_t(f));
         const uint32_t flags = jit::runtime_flags(isa, format, 256, cpu);
-        const bool q4_zmm = f == KQuant::q4_K && isa != jit::Isa::avx2;
-        EXPECT_EQ((flags & jit::kFlagNoGfni) != 0, q4_zmm) << jit::isa_name(isa) << " " << name(f);
+        const bool q45_zmm = has_lanes(f) && isa != jit::Isa::avx2;
+        EXPECT_EQ((flags & jit::kFlagNoGfni) != 0, q45_zmm) << jit::isa_name(isa) << " " << name(f);
         if (pairs_need_gfni(f)) {
           EXPECT_EQ(flags & jit::kFlagBf16Pairs, 0u) << jit::isa_name(isa) << " " << name(f);
         }
         const std::string path = jit::decode_path(isa, format, flags);
-        if (q4_zmm) {
+        if (q45_zmm) {
           EXPECT_NE(path.find("vpermps tables"), std::string::npos) << path;
         }
         std::string why;
