@@ -49,8 +49,14 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = std::string("no generator for tier ") + isa_name(key.isa);
     return false;
   }
-  if (!isa_available(key.isa)) {
-    *why = std::string("this CPU lacks tier ") + isa_name(key.isa);
+  if ((key.flags & kFlagTileEmu) && !tile_body_has_tier(key.isa)) {
+    *why = "the emulated tile unit is for avx512_amx kernels";
+    return false;
+  }
+  // The emulated tile unit runs on avx512_bf16 (vdpbf16ps).
+  const Isa runs_on = (key.flags & kFlagTileEmu) ? Isa::avx512_bf16 : key.isa;
+  if (!isa_available(runs_on)) {
+    *why = std::string("this CPU lacks tier ") + isa_name(runs_on);
     return false;
   }
   if (key.k < 1 || key.rows < 1 || key.tokens < 1) {
@@ -77,7 +83,8 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
     *why = "k is too large for 32-bit displacements";
     return false;
   }
-  if ((key.flags & ~(kFlagNoVbmi | kFlagLinePrefetch | kFlagBf16Pairs | kFlagRowOrder | kFlagNoGfni)) != 0) {
+  if ((key.flags & ~(kFlagNoVbmi | kFlagLinePrefetch | kFlagBf16Pairs | kFlagRowOrder | kFlagNoGfni |
+                     kFlagTileEmu)) != 0) {
     *why = "unknown kernel flags";
     return false;
   }

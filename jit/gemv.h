@@ -74,6 +74,13 @@ constexpr uint32_t kFlagRowOrder = 8;
 // runtime_flags sets it where the CPU lacks GFNI and the format's decode uses
 // it. Other formats ignore it.
 constexpr uint32_t kFlagNoGfni = 16;
+// avx512_amx, for tests on CPUs without AMX: the tile body emits each tile
+// instruction as AVX512_BF16 code on tile registers kept in its stack frame
+// (jit/tile_body.cpp, "the emulated tile unit"), so the kernel runs wherever
+// avx512_bf16 does. It checks the body's addressing, buffers, scales, tails
+// and batch invariance, not the tile unit's own rounding. The runtime never
+// sets it; other tiers reject it.
+constexpr uint32_t kFlagTileEmu = 32;
 
 // Whether a kernel's decode uses AVX512_VBMI: the vpermi2b byte tables of
 // 8-bit formats, and the vpermt2b that gathers a q4_0 chunk's quants.

@@ -24,7 +24,10 @@ constexpr size_t kMaxCodeBytes = 64 * 1024;
 class Generator : public Xbyak::CodeGenerator {
  public:
   // Pages start read+write (DontSetProtectRWE: never writable and executable).
-  Generator() : Xbyak::CodeGenerator(kMaxCodeBytes, Xbyak::DontSetProtectRWE) {}
+  // max_bytes: kMaxCodeBytes, or more for the tile body's emulated tile unit
+  // (tests only, kFlagTileEmu).
+  explicit Generator(size_t max_bytes = kMaxCodeBytes)
+      : Xbyak::CodeGenerator(max_bytes, Xbyak::DontSetProtectRWE) {}
   const std::vector<CodePhase>& phases() const { return phases_; }
 
   // Helpers the body and the decoders emit with.

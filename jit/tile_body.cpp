@@ -9,7 +9,10 @@
 // totals (one zmm per row, lanes = tokens). A block ends with a 16 x 16
 // transpose of the totals into y. No instruction depends on M but the tile
 // shapes, and each C element is one (row, token) dot product, so a token's
-// bits are the same for every M.
+// bits are the same for every M. With kFlagTileEmu (tests) every tile
+// instruction is emulated with AVX512_BF16 code on tile registers in the
+// stack frame (t_load and the other t_* helpers), so the body runs on CPUs
+// without AMX.
 #include "jit/tile_body.h"
 
 #include <algorithm>
@@ -40,7 +43,9 @@ const Tmm tmm_b[2] = {Tmm(4), Tmm(5)};  // B, 16 element pairs x M tokens
 class TileBody : public Generator {
  public:
   TileBody(const KernelKey& key, std::unique_ptr<Decoder> dec)
-      : key_(key),
+      : Generator((key.flags & kFlagTileEmu) ? kTileEmuCodeBytes : kMaxCodeBytes),
+        key_(key),
+        emu_((key.flags & kFlagTileEmu) != 0),
         dec_(std::move(dec)),
         rule_(dec_->scale()),
         shape_(dec_->shape()),
@@ -118,7 +123,34 @@ class TileBody : public Generator {
   int cbuf_off(int i) const { return rule_bytes() + 2 * nvec_ * kTileBytes + i * kTileBytes; }
   int saved_rsp_off() const { return rule_bytes() + (2 * nvec_ + 2) * kTileBytes; }
   int x_off() const { return saved_rsp_off() + 8; }  // the kernel's x: B tiles of the call's run
-  int body_bytes() const { return (2 * nvec_ + 2) * kTileBytes + 64; }
+  // The emulated tile unit's area (kFlagTileEmu): tmm0..5, then the registers it saves.
+  int emu_off() const { return saved_rsp_off() + 64; }
+  int emu_tile(const Tmm& t) const { return emu_off() + t.getIdx() * kTileBytes; }
+  int emu_save_off() const { return emu_off() + kEmuTiles * kTileBytes; }
+  int body_bytes() const {
+    return (2 * nvec_ + 2) * kTileBytes + 64 + (emu_ ? kEmuTiles * kTileBytes + 192 : 0);
+  }
+
+  // ---- the tile instructions, or their emulation (kFlagTileEmu) ----
+  void t_config() {
+    if (!emu_) ldtilecfg(ptr[rip + l_cfg_]);
+  }
+  void t_release() {
+    if (!emu_) tilerelease();
+  }
+  void t_zero(const Tmm& t);
+  // Tile t from rows at base + disp + r stride (stride: the value of stride_reg).
+  void t_load(const Tmm& t, const Reg64& base, int64_t disp, const Reg64& stride_reg, int64_t stride);
+  // Tile t's rows to base + disp + r stride.
+  void t_store(const Reg64& base, int64_t disp, const Reg64& stride_reg, int64_t stride, const Tmm& t);
+  void t_dp(const Tmm& c, const Tmm& a, const Tmm& b);
+  // Bytes per row of a tile as configured (emit_data's palette).
+  int colsb(const Tmm& t) const { return t == tmm_a[0] || t == tmm_a[1] ? 64 : 4 * key_.tokens; }
+  // The emulation's scratch: two vectors, a GPR and an opmask, saved and restored around each instruction.
+  const Zmm e0 = Zmm(11), e1 = Zmm(12);
+  const Opmask e_k = k7;
+  void emu_save(int cols_bytes = 0);
+  void emu_restore();
 
   void emit_body();
   void emit_data();
@@ -156,7 +188,10 @@ class TileBody : public Generator {
   int b_row_bytes() const { return 4 * key_.tokens; }
   int b_chunk_bytes() const { return 16 * b_row_bytes(); }
 
+  static constexpr int kEmuTiles = 6;  // tmm0..5: two C, two A, two B
+
   KernelKey key_;
+  bool emu_;  // kFlagTileEmu
   std::unique_ptr<Decoder> dec_;
   ScaleRule* rule_;  // dec_'s, null when unscaled
   DecodeRegs regs_;  // lent to dec_
@@ -198,7 +233,7 @@ void TileBody::emit_body() {
   mov(ptr[rsp + saved_rsp_off() - rule_bytes()], reg_kb);
   mov(reg_kb, ptr[reg_args + offsetof(GemvArgs, x)]);
   mov(ptr[rsp + x_off() - rule_bytes()], reg_kb);
-  ldtilecfg(ptr[rip + l_cfg_]);
+  t_config();
   // The lanes past the call's tokens of the C stores stay zero (no denormal
   // garbage reaches the FMAs).
   vpxord(v_tmp(), v_tmp(), v_tmp());
@@ -226,7 +261,7 @@ void TileBody::emit_body() {
   if (part > 0) emit_rows(part);
 
   phase("epilogue");
-  tilerelease();
+  t_release();
   if (rule_bytes() > 0) add(rsp, rule_bytes());
   mov(rsp, ptr[rsp + saved_rsp_off() - rule_bytes()]);
   vzeroupper();
@@ -264,7 +299,7 @@ void TileBody::emit_rows(int n) {
   if (rule_) rule_->begin_row();
   if (rule_)
     for (int r = 0; r < kRows; ++r) vxorps(tot(r), tot(r), tot(r));
-  for (const Tmm& c : tmm_c) tilezero(c);
+  for (const Tmm& c : tmm_c) t_zero(c);
   cur_ = 0;
   pending_ = false;
   mov(reg_wk, reg_w);
@@ -341,11 +376,11 @@ void TileBody::emit_step(int off, int cnt, int n) {
     if (direct) {
       const int64_t at = dw_ + dec_->elem_byte(off + 32 * v);
       for (int r = 0; r < kRows; ++r) prefetcht0(ptr[reg_wk + (r * row_bytes_ + at + kTileL1AheadBytes)]);
-      tileloadd(a, ptr[reg_wk + reg_rb + at]);
+      t_load(a, reg_wk, at, reg_rb, row_bytes_);
     } else
-      tileloadd(a, ptr[rsp + reg_s64 + abuf_off(set_, v)]);
-    tileloadd(tmm_b[v % 2], ptr[reg_xk + reg_bs + ((dx_ + off) / 32 + v) * b_chunk_bytes()]);
-    tdpbf16ps(tmm_c[cur_], a, tmm_b[v % 2]);
+      t_load(a, rsp, abuf_off(set_, v), reg_s64, 64);
+    t_load(tmm_b[v % 2], reg_xk, ((dx_ + off) / 32 + v) * b_chunk_bytes(), reg_bs, b_row_bytes());
+    t_dp(tmm_c[cur_], a, tmm_b[v % 2]);
     pending_ = true;
     if (rule_ && (off + 32 * (v + 1)) % group == 0) flush_group((off + 32 * v) / group, n);
   }
@@ -357,8 +392,8 @@ void TileBody::emit_step(int off, int cnt, int n) {
 void TileBody::flush_group(int gi, int n) {
   phase("block-scale");
   const int cb = cbuf_off(cur_);
-  tilestored(ptr[rsp + reg_s64 + cb], tmm_c[cur_]);
-  tilezero(tmm_c[cur_]);
+  t_store(rsp, cb, reg_s64, 64, tmm_c[cur_]);
+  t_zero(tmm_c[cur_]);
   TileScaleBlock b;
   b.c = Cursor{rsp, cb};
   b.w = Cursor{reg_wk, dw_ + gi * (dec_->block_bytes() / shape_.groups)};
@@ -376,7 +411,7 @@ void TileBody::flush_group(int gi, int n) {
 void TileBody::store_rows(int n) {
   phase("store");
   if (!rule_) {
-    tilestored(ptr[rsp + reg_s64 + cbuf_off(0)], tmm_c[0]);
+    t_store(rsp, cbuf_off(0), reg_s64, 64, tmm_c[0]);
     for (int r = 0; r < kRows; ++r) vmovups(tot(r), ptr[rsp + cbuf_off(0) + 64 * r]);
   }
   const float factor = dec_->total_factor();
@@ -403,6 +438,94 @@ void TileBody::store_rows(int n) {
     else
       vmovups(dst, tot(m));
   }
+}
+
+// ---- the emulated tile unit (kFlagTileEmu) ----
+// Tile register t is 16 rows of 64 bytes at emu_tile(t); a row's bytes past
+// its colsb are zero, as tileloadd leaves them. The emulation keeps every
+// register the body and the decoder use: it saves its scratch (e0, e1, rbx,
+// k7) first and restores it after. Loads and stores touch a row's colsb bytes
+// only (a masked move), so it reads no byte the tile unit would not.
+
+void TileBody::emu_save(int cols_bytes) {
+  vmovups(ptr[rsp + emu_save_off()], e0);
+  vmovups(ptr[rsp + emu_save_off() + 64], e1);
+  mov(ptr[rsp + emu_save_off() + 128], reg_tmp);
+  kmovq(ptr[rsp + emu_save_off() + 136], e_k);
+  if (cols_bytes > 0) {
+    mov(reg_tmp.cvt32(), (1u << (cols_bytes / 4)) - 1);
+    kmovw(e_k, reg_tmp.cvt32());
+  }
+}
+
+void TileBody::emu_restore() {
+  kmovq(e_k, ptr[rsp + emu_save_off() + 136]);
+  mov(reg_tmp, ptr[rsp + emu_save_off() + 128]);
+  vmovups(e1, ptr[rsp + emu_save_off() + 64]);
+  vmovups(e0, ptr[rsp + emu_save_off()]);
+}
+
+void TileBody::t_zero(const Tmm& t) {
+  if (!emu_) {
+    tilezero(t);
+    return;
+  }
+  emu_save();
+  vpxord(e0, e0, e0);
+  for (int r = 0; r < kRows; ++r) vmovups(ptr[rsp + emu_tile(t) + 64 * r], e0);
+  emu_restore();
+}
+
+void TileBody::t_load(const Tmm& t, const Reg64& base, int64_t disp, const Reg64& stride_reg,
+                      int64_t stride) {
+  if (!emu_) {
+    tileloadd(t, ptr[base + stride_reg + disp]);
+    return;
+  }
+  emu_save(colsb(t));
+  for (int r = 0; r < kRows; ++r) {
+    vmovdqu32(e0 | e_k | T_z, ptr[base + (disp + r * stride)]);
+    vmovups(ptr[rsp + emu_tile(t) + 64 * r], e0);
+  }
+  emu_restore();
+}
+
+void TileBody::t_store(const Reg64& base, int64_t disp, const Reg64& stride_reg, int64_t stride,
+                       const Tmm& t) {
+  if (!emu_) {
+    tilestored(ptr[base + stride_reg + disp], t);
+    return;
+  }
+  emu_save(colsb(t));
+  for (int r = 0; r < kRows; ++r) {
+    vmovups(e0, ptr[rsp + emu_tile(t) + 64 * r]);
+    vmovdqu32(ptr[base + (disp + r * stride)] | e_k, e0);
+  }
+  emu_restore();
+}
+
+// C[r][n] += A[r][2k] B[k][2n] + A[r][2k + 1] B[k][2n + 1] over the 16 pairs k
+// of each row r of A (16 rows of 32 bf16) and the n < M pair columns of B:
+// per row of C, one vdpbf16ps per pair of A, broadcast, against B's row k.
+void TileBody::t_dp(const Tmm& c, const Tmm& a, const Tmm& b) {
+  if (!emu_) {
+    tdpbf16ps(c, a, b);
+    return;
+  }
+  emu_save();
+  Label l_row;
+  xor_(reg_tmp.cvt32(), reg_tmp.cvt32());  // 64 x the row of C and A
+  L(l_row);
+  vmovups(e0, ptr[rsp + reg_tmp + emu_tile(c)]);
+  for (int k = 0; k < 16; ++k) {
+    vpbroadcastd(e1, ptr[rsp + reg_tmp + emu_tile(a) + 4 * k]);
+    vdpbf16ps(e0, e1, ptr[rsp + emu_tile(b) + 64 * k]);
+  }
+  vmovups(ptr[rsp + reg_tmp + emu_tile(c)], e0);
+  add(reg_tmp.cvt32(), 64);
+  cmp(reg_tmp.cvt32(), kTileBytes);
+  jb(l_row);
+  emu_restore();
 }
 
 // tot(r) lane t = X[r][t] -> tot(t) lane r = X[r][t], for the tokens of the

@@ -21,6 +21,10 @@ constexpr int kTileTokens = 16;
 // 1.11x faster (docs/PERFORMANCE.md).
 constexpr int kTileL1AheadBytes = 256;
 
+// Code buffer of a kernel on the emulated tile unit (kFlagTileEmu): each
+// emulated tile instruction is tens of instructions.
+constexpr size_t kTileEmuCodeBytes = 512 * 1024;
+
 // Whether the tile body has a tier.
 inline bool tile_body_has_tier(Isa isa) { return isa == Isa::avx512_amx; }
 // Generates `key`'s kernel around `dec` (the key's decoder). nullptr and *err on failure.

@@ -31,17 +31,25 @@ struct Variant {
   const char* name;
 };
 
-// Every generated code path: tiers, plus the no-VBMI e4m3 decode of avx512_bf16.
+// Every generated code path: tiers, plus the no-VBMI e4m3 decode of
+// avx512_bf16, plus avx512_amx's tile kernels on the emulated tile unit
+// (kFlagTileEmu), which runs wherever avx512_bf16 does.
 inline const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
                                     {jit::Isa::avx512, 0, "avx512"},
                                     {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
                                     {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"},
-                                    {jit::Isa::avx512_amx, 0, "avx512_amx"}};
+                                    {jit::Isa::avx512_amx, 0, "avx512_amx"},
+                                    {jit::Isa::avx512_amx, jit::kFlagTileEmu, "avx512_amx_emulated"}};
+
+// The tier the variant's kernels run on (the emulated tile unit: avx512_bf16).
+inline jit::Isa runs_on(const Variant& v) {
+  return (v.flags & jit::kFlagTileEmu) ? jit::Isa::avx512_bf16 : v.isa;
+}
 
 // The tier has kernels of its own for the format (avx512_amx: the formats with
 // a tile decode) and this CPU runs them.
 inline bool variant_available(const Variant& v, Format f) {
-  if (!jit::isa_available(v.isa)) return false;
+  if (!jit::isa_available(runs_on(v))) return false;
   if (v.isa == jit::Isa::avx512_amx && !jit::has_tile_kernels(f, fmt::default_group(f, 0), v.flags))
     return false;
   if (jit::needs_vbmi(v.isa, f, v.flags)) return jit::host_features().avx512_vbmi;
@@ -51,7 +59,7 @@ inline bool variant_available(const Variant& v, Format f) {
 // Why a test of variant v checked nothing: the CPU lacks the tier, or the
 // tier runs another tier's kernels for the test's formats (avx512_amx).
 inline std::string skip_message(const Variant& v) {
-  if (!jit::isa_available(v.isa)) return std::string("this CPU lacks ") + v.name;
+  if (!jit::isa_available(runs_on(v))) return std::string("this CPU lacks ") + v.name;
   return std::string(v.name) + " has no kernels of its own for these formats (docs/FORMATS.md)";
 }
 

@@ -3,7 +3,11 @@
 // 1..16 from any slot of a 16-slot block (the other slots NaN), the same bits
 // for a token whatever the token count and slot (batch invariance), no read
 // past a matrix's last byte (a guard page), and the tile unit in the code.
-// Without AMX (or the OS's permission for tile data) they skip, saying why.
+// Each test runs twice: on the tile unit (without AMX, or the OS's permission
+// for tile data, it skips, saying why) and on the emulated tile unit
+// (kFlagTileEmu: AVX512_BF16 code on tile registers in memory), which runs on
+// CPUs without AMX, the CI machine's included, and checks everything above but
+// the tile unit's own rounding.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -26,6 +30,14 @@ using namespace jit_test;
 
 const Variant kAmx = {jit::Isa::avx512_amx, 0, "avx512_amx"};
 
+// The tile unit, or its emulation.
+struct Mode {
+  uint32_t flags;
+  const char* name;
+};
+const Mode kModes[] = {{0, "TileUnit"}, {jit::kFlagTileEmu, "Emulated"}};
+void PrintTo(const Mode& m, std::ostream* os) { *os << m.name; }
+
 // The formats with tile kernels, each with a group it takes.
 struct TileFormat {
   Format f;
@@ -42,14 +54,27 @@ std::string amx_missing() {
   return std::string("this CPU has no avx512_amx tier: ") + jit::host_features().tile_data_note;
 }
 
+// Why a mode cannot run here ("" when it can).
+std::string missing(const Mode& m) {
+  if (m.flags & jit::kFlagTileEmu)
+    return jit::isa_available(jit::Isa::avx512_bf16) ? "" : "the emulated tile unit needs avx512_bf16";
+  return amx_missing();
+}
+
+class TileKernels : public ::testing::TestWithParam<Mode> {
+ protected:
+  uint32_t flags() const { return GetParam().flags; }
+};
+
 bool k_ok(const TileFormat& t, int k) {
   const char* why = nullptr;
   return fmt::k_is_valid(t.f, t.group, k, &why);
 }
 
-jit::KernelKey tile_key(const TileFormat& t, int k, int rows, int tokens, const Bank& b) {
+jit::KernelKey tile_key(const TileFormat& t, int k, int rows, int tokens, const Bank& b, uint32_t flags) {
   jit::KernelKey key = make_key(kAmx, t.f, t.sdt, k, rows, tokens, t.group, b.layout.scale_stride);
   if (t.f == Format::q8_0) key.group = 32;
+  key.flags |= flags;
   return key;
 }
 
@@ -69,8 +94,8 @@ void expect_float64(const jit::KernelKey& key, const Reference& ref, const std::
           << key.name() << " " << what << " token " << m << " row " << r;
 }
 
-TEST(TileKernels, MatchFloat64ReferenceFromAnySlot) {
-  if (!amx_missing().empty()) GTEST_SKIP() << amx_missing();
+TEST_P(TileKernels, MatchFloat64ReferenceFromAnySlot) {
+  if (!missing(GetParam()).empty()) GTEST_SKIP() << missing(GetParam());
   moejit_test::Rng rng(151);
   int checked = 0;
   for (const TileFormat& t : kTileFormats)
@@ -79,7 +104,7 @@ TEST(TileKernels, MatchFloat64ReferenceFromAnySlot) {
       for (int rows : {1, 5, 16, 17, 40, 128}) {
         for (int tokens : {1, 2, 7, 16}) {
           Bank b = make_bank(t.f, t.sdt, rows, k, rng, t.group ? t.group : 128);
-          const jit::KernelKey key = tile_key(t, k, rows, tokens, b);
+          const jit::KernelKey key = tile_key(t, k, rows, tokens, b, flags());
           std::string err;
           auto kern = jit::global_cache().get(key, &err);
           ASSERT_TRUE(kern) << key.name() << ": " << err;
@@ -99,20 +124,20 @@ TEST(TileKernels, MatchFloat64ReferenceFromAnySlot) {
 
 // Token j's outputs have the same bits in a call of 1..16 tokens, from any
 // slot: the tile arithmetic of a (row, token) never sees the other tokens.
-TEST(TileKernels, EveryTokenCountGivesTheSameBits) {
-  if (!amx_missing().empty()) GTEST_SKIP() << amx_missing();
+TEST_P(TileKernels, EveryTokenCountGivesTheSameBits) {
+  if (!missing(GetParam()).empty()) GTEST_SKIP() << missing(GetParam());
   moejit_test::Rng rng(152);
   for (const TileFormat& t : kTileFormats) {
     const int k = t.f == Format::bf16 || t.f == Format::fp8_block ? 1000 : 1024, rows = 21;
     Bank b = make_bank(t.f, t.sdt, rows, k, rng, t.group ? t.group : 128);
     const std::vector<float> x = random_x(16, k, rng);
     std::string err;
-    auto all = jit::global_cache().get(tile_key(t, k, rows, 16, b), &err);
+    auto all = jit::global_cache().get(tile_key(t, k, rows, 16, b, flags()), &err);
     ASSERT_TRUE(all) << err;
     const std::vector<float> want = run_kernel(*all, b, x);
     expect_float64(all->key(), reference_of(b), x, want, "16 tokens");
     for (int tokens = 1; tokens <= 16; ++tokens) {
-      auto kern = jit::global_cache().get(tile_key(t, k, rows, tokens, b), &err);
+      auto kern = jit::global_cache().get(tile_key(t, k, rows, tokens, b, flags()), &err);
       ASSERT_TRUE(kern) << err;
       for (int first = 0; first + tokens <= 16; first += std::max(1, tokens / 2)) {
         // tokens first.. of x, in slots first.. of the block
@@ -154,8 +179,8 @@ class Guarded {
 // Row tails (the last row block's missing rows) and K tails (the last row's
 // end) read nothing past the matrix: the weights end at a guard page, and so
 // do the scales of the formats with one scale row per weight row.
-TEST(TileKernels, NeverReadPastTheMatrix) {
-  if (!amx_missing().empty()) GTEST_SKIP() << amx_missing();
+TEST_P(TileKernels, NeverReadPastTheMatrix) {
+  if (!missing(GetParam()).empty()) GTEST_SKIP() << missing(GetParam());
   moejit_test::Rng rng(153);
   for (const TileFormat& t : kTileFormats)
     for (int k : {33, 100, 1000, 1024}) {
@@ -168,7 +193,7 @@ TEST(TileKernels, NeverReadPastTheMatrix) {
           b.scales.assign(size_t(rows * k / t.group), 0);
           for (auto& s : b.scales) s = uint8_t(118 + rng() % 16);
         }
-        const jit::KernelKey key = tile_key(t, k, rows, 3, b);
+        const jit::KernelKey key = tile_key(t, k, rows, 3, b, flags());
         std::string err;
         auto kern = jit::global_cache().get(key, &err);
         ASSERT_TRUE(kern) << key.name() << ": " << err;
@@ -195,8 +220,8 @@ TEST(TileKernels, NeverReadPastTheMatrix) {
 // The formats with a tile decode have tile kernels; the layers run them for
 // bf16 and fp8_block (the plan's kernel_isa, gemv.h says why), the avx512_bf16
 // kernels for every other format. The kernels configure, use and release the
-// tile unit.
-TEST(TileKernels, UseTheTileUnit) {
+// tile unit; the emulated ones use no AMX instruction and run vdpbf16ps.
+TEST_P(TileKernels, UseTheTileUnit) {
   for (const TileFormat& t : kTileFormats) {
     EXPECT_TRUE(jit::has_tile_kernels(t.f, t.group)) << fmt::format_name(t.f) << " g" << t.group;
     EXPECT_EQ(jit::kernel_isa(jit::Isa::avx512_amx, t.f, t.group),
@@ -208,12 +233,13 @@ TEST(TileKernels, UseTheTileUnit) {
     EXPECT_EQ(jit::kernel_isa(jit::Isa::avx512_amx, f, fmt::default_group(f, 0)), jit::Isa::avx512_bf16)
         << fmt::format_name(f) << ": docs/FORMATS.md says it runs the avx512_bf16 kernels on avx512_amx";
   }
-  if (!amx_missing().empty()) GTEST_SKIP() << amx_missing();
+  if (!missing(GetParam()).empty()) GTEST_SKIP() << missing(GetParam());
+  const bool emu = flags() & jit::kFlagTileEmu;
   moejit_test::Rng rng(154);
   for (const TileFormat& t : kTileFormats) {
     Bank b = make_bank(t.f, t.sdt, 20, 1024, rng, t.group ? t.group : 128);
     std::string err;
-    auto kern = jit::global_cache().get(tile_key(t, 1024, 20, 4, b), &err);
+    auto kern = jit::global_cache().get(tile_key(t, 1024, 20, 4, b, flags()), &err);
     ASSERT_TRUE(kern) << err;
     bool tdp = false;
     for (const auto& p : kern->phases()) tdp |= p.second == "tdp";
@@ -221,10 +247,27 @@ TEST(TileKernels, UseTheTileUnit) {
     if (!jit::disassembler_available()) continue;
     std::string listing;
     ASSERT_TRUE(jit::kernel_listing(*kern, &listing, &err)) << err;
-    for (const char* m : {"ldtilecfg", "tileloadd", "tdpbf16ps", "tilerelease"})
-      EXPECT_NE(listing.find(m), std::string::npos) << kern->key().name() << " does not use " << m;
-    EXPECT_EQ(listing.find("vdpbf16ps"), std::string::npos) << kern->key().name();
+    for (const char* m : {"ldtilecfg", "tileloadd", "tdpbf16ps", "tilestored", "tilezero", "tilerelease"}) {
+      // " tdpbf16ps" is not found inside "vdpbf16ps"
+      const bool has = listing.find(std::string(" ") + m) != std::string::npos;
+      EXPECT_EQ(has, !emu) << kern->key().name() << (emu ? " uses " : " does not use ") << m;
+    }
+    EXPECT_EQ(listing.find("vdpbf16ps") != std::string::npos, emu) << kern->key().name();
   }
 }
+
+// The emulation is a test mode of avx512_amx only, and names itself in the key.
+TEST(TileKernelsEmulated, OnlyForTheTileTier) {
+  jit::KernelKey key = make_key(kAmx, Format::bf16, ScaleDtype::bf16, 256, 16, 1);
+  key.flags = jit::kFlagTileEmu;
+  EXPECT_NE(key.name(), make_key(kAmx, Format::bf16, ScaleDtype::bf16, 256, 16, 1).name());
+  key.isa = jit::Isa::avx512_bf16;
+  std::string why;
+  EXPECT_FALSE(jit::gemv_supported(key, &why));
+  EXPECT_NE(why.find("emulated tile unit"), std::string::npos) << why;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, TileKernels, ::testing::ValuesIn(kModes),
+                         [](const ::testing::TestParamInfo<Mode>& i) { return std::string(i.param.name); });
 
 }  // namespace
