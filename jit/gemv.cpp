@@ -39,7 +39,7 @@ int max_tokens_per_call(Isa isa, formats::Format format) {
   return m == 1 << 30 ? 0 : m;
 }
 
-bool gemv_supported(const KernelKey& key, std::string* why) {
+bool gemv_supported(const KernelKey& key, std::string* why, bool run_here) {
   const auto f = key.format;
   if (!formats::known_format(int32_t(key.format)) || !format_has_decoder(key.format)) {
     *why = std::string("no generated kernel for format ") + formats::format_name(f) + " yet";
@@ -55,7 +55,7 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
   }
   // The emulated tile unit runs on avx512_bf16 (vdpbf16ps).
   const Isa runs_on = (key.flags & kFlagTileEmu) ? Isa::avx512_bf16 : key.isa;
-  if (!isa_available(runs_on)) {
+  if (run_here && !isa_available(runs_on)) {
     *why = std::string("this CPU lacks tier ") + isa_name(runs_on);
     return false;
   }
@@ -102,11 +102,11 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
            formats::format_name(f) + " on " + isa_name(key.isa);
     return false;
   }
-  if (dec->needs_vbmi() && !host_features().avx512_vbmi) {
+  if (run_here && dec->needs_vbmi() && !host_features().avx512_vbmi) {
     *why = "this CPU lacks AVX512_VBMI for the byte-table decode";
     return false;
   }
-  if (dec->needs_gfni() && !host_features().gfni) {
+  if (run_here && dec->needs_gfni() && !host_features().gfni) {
     *why = std::string("this CPU lacks GFNI for the ") + formats::format_name(f) + " decode" +
            ((key.flags & kFlagBf16Pairs) ? " as bf16 pairs" : " (kFlagNoGfni decodes without it)");
     return false;
@@ -114,8 +114,8 @@ bool gemv_supported(const KernelKey& key, std::string* why) {
   return dec->check(why);
 }
 
-std::shared_ptr<const Kernel> generate_gemv(const KernelKey& key, std::string* err) {
-  if (!gemv_supported(key, err)) return nullptr;
+std::shared_ptr<const Kernel> generate_gemv(const KernelKey& key, std::string* err, bool run_here) {
+  if (!gemv_supported(key, err, run_here)) return nullptr;
   Xbyak::ClearError();
   if (tile_body_has_tier(key.isa)) return generate_tile_kernel(key, make_decoder(key), err);
   return generate_row_kernel(key, make_decoder(key), err);

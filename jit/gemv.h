@@ -161,9 +161,14 @@ class Kernel {
   std::vector<std::pair<size_t, std::string>> phases_;
 };
 
-// Checks that this build can generate `key` (format, ISA, sizes); sets *why if not.
-bool gemv_supported(const KernelKey& key, std::string* why);
-// Generates a kernel (no cache). nullptr and *err on failure.
-std::shared_ptr<const Kernel> generate_gemv(const KernelKey& key, std::string* err);
+// Checks that this build can generate `key` (format, ISA, sizes) and that this
+// CPU runs it; sets *why if not. With run_here false, only whether the code
+// can be generated: generating needs no CPU feature, running does
+// (tests/kernel_hashes.cpp hashes every tier's bytes on any CPU).
+bool gemv_supported(const KernelKey& key, std::string* why, bool run_here = true);
+// Generates a kernel (no cache). nullptr and *err on failure. A kernel
+// generated with run_here false must not be called unless gemv_supported(key)
+// holds.
+std::shared_ptr<const Kernel> generate_gemv(const KernelKey& key, std::string* err, bool run_here = true);
 
 }  // namespace moejit::jit
