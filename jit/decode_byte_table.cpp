@@ -126,16 +126,14 @@ class Q8TableDecoder : public ByteTableDecoder {
 };
 
 // d of block 0 on lanes 0-7, of block 1 on lanes 8-15 (or 0 in a one-block tail).
-class Q8PairScale : public ScaleRule {
+class Q8PairScale : public GgufTileScale {
  public:
-  explicit Q8PairScale(const KernelKey& key) : ScaleRule(key) {}
-  int group() const override { return 32; }
+  explicit Q8PairScale(const KernelKey& key) : GgufTileScale(key) {}
   void emit_constants() override {
     if (shape_.groups != 2) return;
     a().mov(r_.tmp.cvt32(), kGroup2Lanes);
     a().kmovw(k_grp2, r_.tmp.cvt32());
   }
-  int block_bytes() const override { return 0; }  // inline in the weights
   void apply(const ScaleBlock& b) override {
     Generator& g = a();
     if (b.n > 32) {
@@ -146,27 +144,6 @@ class Q8PairScale : public ScaleRule {
     }
     g.vcvtph2ps(Zmm(r_.scale.getIdx()), Ymm(r_.scale.getIdx()));
     fma_tokens(b, r_.scale);
-  }
-
-  // Tile bodies: each row's d widened (vcvtph2ps from memory, no shuffle) to
-  // a stack slot, read back as the FMA's broadcast operand.
-  bool tile_ready() const override { return true; }
-  int stack_bytes() const override { return key_.isa == Isa::avx512_amx ? 64 : 0; }
-  void prologue() override {
-    if (stack_bytes() > 0) a().sub(rsp, stack_bytes());
-  }
-  void tile_apply(const TileScaleBlock& b) override {
-    Generator& g = a();
-    const Xmm d = Xmm(r_.t[0].getIdx());
-    const Zmm c = Zmm(r_.scale.getIdx());
-    for (int r = 0; r < b.rows; ++r) {
-      g.vcvtph2ps(d, ptr[b.w.at(r * b.row_bytes)]);  // d and 3 quant pairs; lane 0 is d
-      g.vmovss(ptr[rsp + 4 * r], d);
-    }
-    for (int r = 0; r < b.rows; ++r) {
-      g.vmovups(c, ptr[b.c.at(64 * r)]);
-      g.vfmadd231ps(b.totals[size_t(r)], c, ptr_b[rsp + 4 * r]);
-    }
   }
 };
 

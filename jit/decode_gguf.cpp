@@ -4,6 +4,8 @@
 //   widened to dwords and converted, d broadcast per block (GgufScale).
 // - q4_0 on avx512_bf16: 4 blocks (72 bytes) at a time as e2m1 with a table of
 //   q - 8 (XLayout::bf16_q4); the d of block b on 128-bit lane b.
+// - q4_0 on avx512_amx: each block one vector of 32 bf16 in natural order,
+//   a tile row (Q4TileDecoder).
 #include "formats/formats.h"
 #include "jit/decoders.h"
 
@@ -151,8 +153,52 @@ class Q4x4Decoder : public Decoder {
   Label l_words_, l_qidx_, l_didx_;
 };
 
+// q4_0 on tiles (avx512_amx), two blocks a step: block b's 16 quant bytes,
+// broadcast to both 128-bit halves of a ymm, widened to 32 words (vpmovzxbw),
+// words 16..31 shifted right by 4 (vpsrlvw), then vpermw looks up bf16(q - 8)
+// on each word's low five bits (table entry i holds (i & 15) - 8): word i is
+// element i, natural order, one tile row per block and its d (GgufScale) per
+// tile. K is a multiple of 32, so a step is one or two whole blocks.
+class Q4TileDecoder : public Decoder {
+ public:
+  explicit Q4TileDecoder(const KernelKey& key) : Decoder(key, XLayout::bf16, 2, make_gguf_scale(key)) {}
+  std::string describe() const override {
+    return "q4_0 -> bf16 (vpmovzxbw, vpsrlvw, vpermw), tile buffer, tdpbf16ps";
+  }
+  int block_bytes() const override { return kQ4BlockBytes * shape_.block / 32; }
+  int elem_byte(int off) const override { return kQ4BlockBytes * (off / 32) + 2; }
+  void emit_decode_constants() override {
+    a().vmovdqu16(r_.c[0], ptr[rip + l_words_]);
+    a().vmovdqu16(r_.c[1], ptr[rip + l_shifts_]);
+  }
+  void emit_data() override {
+    Generator& g = a();
+    g.align(64);
+    g.L(l_words_);
+    for (int i = 0; i < 32; ++i) g.dw(formats::f32_to_bf16(float((i & 15) - 8)));
+    g.L(l_shifts_);
+    for (int i = 0; i < 32; ++i) g.dw(i < 16 ? 0 : 4);
+  }
+  void load_widen(const Cursor& w, int off, int cnt, const Xmm* dst) override {
+    Generator& g = a();
+    for (int b = 0; b < (cnt + 31) / 32; ++b) {
+      const Zmm v = Zmm(dst[b].getIdx());
+      g.vbroadcasti32x4(Ymm(v.getIdx()), ptr[w.at(elem_byte(off + 32 * b))]);
+      g.vpmovzxbw(v, Ymm(v.getIdx()));
+      g.vpsrlvw(v, v, Zmm(r_.c[1].getIdx()));
+      g.vpermw(v, v, Zmm(r_.c[0].getIdx()));
+    }
+  }
+
+ private:
+  Label l_words_, l_shifts_;
+};
+
 }  // namespace
 
+std::unique_ptr<Decoder> make_q4_tile_decoder(const KernelKey& key) {
+  return std::make_unique<Q4TileDecoder>(key);
+}
 std::unique_ptr<Decoder> make_q4_f32_decoder(const KernelKey& key) {
   return std::make_unique<Q4F32Decoder>(key);
 }

@@ -60,13 +60,18 @@ namespace {
 // one scale group, in the order the tile body's activations take (natural).
 // Formats without one run the avx512_bf16 kernels on that tier (kernel_isa).
 std::unique_ptr<Decoder> make_tile_decoder(const KernelKey& key) {
-  if (key.flags & kFlagNoVbmi) return key.format == Format::bf16 ? make_bf16_decoder(key) : nullptr;
+  // Without VBMI: the decodes that need no byte table.
+  if (key.flags & kFlagNoVbmi) {
+    if (key.format == Format::bf16) return make_bf16_decoder(key);
+    return key.format == Format::q4_0 ? make_q4_tile_decoder(key) : nullptr;
+  }
   switch (key.format) {
     case Format::bf16: return make_bf16_decoder(key);
     case Format::fp8_block: return make_fp8_table_decoder(key, make_block128_scale(key));
     case Format::mxfp8_e4m3:
     case Format::mxfp8_e5m2: return make_fp8_table_decoder(key, make_byte_code_scale(key));
     case Format::q8_0: return make_q8_table_decoder(key);
+    case Format::q4_0: return make_q4_tile_decoder(key);
     default: return nullptr;
   }
 }

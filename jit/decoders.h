@@ -47,6 +47,8 @@ std::unique_ptr<ScaleRule> make_widened_row_scale(const KernelKey& key);
 std::unique_ptr<Decoder> make_q4_f32_decoder(const KernelKey& key);
 std::unique_ptr<Decoder> make_q8_f32_decoder(const KernelKey& key);
 std::unique_ptr<Decoder> make_q4x4_decoder(const KernelKey& key);
+// q4_0 on avx512_amx: each block one tile row of 32 bf16 (natural order).
+std::unique_ptr<Decoder> make_q4_tile_decoder(const KernelKey& key);
 // GGUF K-quants (q4_K .. q3_K): super-blocks widened to fp32, each vector
 // times its sub-block's d sc[j], with the rule's min term (decode_kquant.cpp).
 std::unique_ptr<Decoder> make_kquant_decoder(const KernelKey& key);
@@ -58,6 +60,22 @@ std::unique_ptr<ScaleRule> make_block128_scale(const KernelKey& key);
 std::unique_ptr<ScaleRule> make_byte_code_scale(const KernelKey& key);
 // GGUF: the fp16 d at the start of each 32-element block.
 std::unique_ptr<ScaleRule> make_gguf_scale(const KernelKey& key);
+// The GGUF d rules' shared part (q8_0's two-block rule and GgufScale): groups
+// of 32, d inline in the weights, and on tiles each row's d widened
+// (vcvtph2ps from memory, no shuffle) to a stack slot that the FMA reads back
+// as its broadcast operand.
+class GgufTileScale : public ScaleRule {
+ public:
+  using ScaleRule::ScaleRule;
+  int group() const override { return 32; }
+  int block_bytes() const override { return 0; }  // inline in the weights
+  bool tile_ready() const override { return true; }
+  int stack_bytes() const override { return key_.isa == Isa::avx512_amx ? 64 : 0; }
+  void prologue() override {
+    if (stack_bytes() > 0) a().sub(Xbyak::util::rsp, stack_bytes());
+  }
+  void tile_apply(const TileScaleBlock& b) override;
+};
 // The group rules of the byte-code scales (mxfp4 32, mxfp8 32/64/128, nvfp4 16, K a multiple).
 bool check_byte_groups(const KernelKey& key, std::string* why);
 

@@ -122,11 +122,9 @@ class ByteCodeScale : public ScaleRule {
 };
 
 // GGUF: the fp16 d at the start of each 32-element block, broadcast.
-class GgufScale : public ScaleRule {
+class GgufScale : public GgufTileScale {
  public:
-  explicit GgufScale(const KernelKey& key) : ScaleRule(key) {}
-  int group() const override { return 32; }
-  int block_bytes() const override { return 0; }  // inline in the weights
+  explicit GgufScale(const KernelKey& key) : GgufTileScale(key) {}
   void apply(const ScaleBlock& b) override {
     Generator& g = a();
     const Xmm xs = Xmm(r_.scale.getIdx());
@@ -139,6 +137,20 @@ class GgufScale : public ScaleRule {
 };
 
 }  // namespace
+
+void GgufTileScale::tile_apply(const TileScaleBlock& b) {
+  Generator& g = a();
+  const Xmm d = Xmm(r_.t[0].getIdx());
+  const Zmm c = Zmm(r_.scale.getIdx());
+  for (int r = 0; r < b.rows; ++r) {
+    g.vcvtph2ps(d, ptr[b.w.at(r * b.row_bytes)]);  // d and 3 quant pairs; lane 0 is d
+    g.vmovss(ptr[rsp + 4 * r], d);
+  }
+  for (int r = 0; r < b.rows; ++r) {
+    g.vmovups(c, ptr[b.c.at(64 * r)]);
+    g.vfmadd231ps(b.totals[size_t(r)], c, ptr_b[rsp + 4 * r]);
+  }
+}
 
 bool check_byte_groups(const KernelKey& key, std::string* why) {
   const Format f = key.format;

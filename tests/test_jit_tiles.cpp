@@ -47,7 +47,7 @@ struct TileFormat {
 const TileFormat kTileFormats[] = {
     {Format::bf16, 0},        {Format::fp8_block, 128}, {Format::fp8_block, 128, ScaleDtype::f32},
     {Format::mxfp8_e4m3, 32}, {Format::mxfp8_e4m3, 64}, {Format::mxfp8_e5m2, 128},
-    {Format::mxfp8_e5m2, 32}, {Format::q8_0, 32}};
+    {Format::mxfp8_e5m2, 32}, {Format::q8_0, 32},       {Format::q4_0, 32}};
 
 std::string amx_missing() {
   if (jit::isa_available(jit::Isa::avx512_amx)) return "";
@@ -73,7 +73,7 @@ bool k_ok(const TileFormat& t, int k) {
 
 jit::KernelKey tile_key(const TileFormat& t, int k, int rows, int tokens, const Bank& b, uint32_t flags) {
   jit::KernelKey key = make_key(kAmx, t.f, t.sdt, k, rows, tokens, t.group, b.layout.scale_stride);
-  if (t.f == Format::q8_0) key.group = 32;
+  if (t.f == Format::q8_0 || t.f == Format::q4_0) key.group = 32;
   key.flags |= flags;
   return key;
 }
@@ -228,7 +228,7 @@ TEST_P(TileKernels, UseTheTileUnit) {
               t.f == Format::bf16 || t.f == Format::fp8_block ? jit::Isa::avx512_amx : jit::Isa::avx512_bf16)
         << fmt::format_name(t.f) << " g" << t.group << ": docs/FORMATS.md says which formats run tiles";
   }
-  for (Format f : {Format::mxfp4, Format::nvfp4, Format::q4_0, Format::q4_K}) {
+  for (Format f : {Format::mxfp4, Format::nvfp4, Format::q4_K}) {
     EXPECT_FALSE(jit::has_tile_kernels(f, fmt::default_group(f, 0))) << fmt::format_name(f);
     EXPECT_EQ(jit::kernel_isa(jit::Isa::avx512_amx, f, fmt::default_group(f, 0)), jit::Isa::avx512_bf16)
         << fmt::format_name(f) << ": docs/FORMATS.md says it runs the avx512_bf16 kernels on avx512_amx";

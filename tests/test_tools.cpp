@@ -729,7 +729,7 @@ TEST_P(LayerPlan, MatchesTheKernelsTheRuntimeGenerates) {
       moejit_context_destroy(ctx);
       EXPECT_EQ(dumped, planned);
       EXPECT_FALSE(planned.empty());
-      // avx512_amx: tile kernels for the formats with a tile decode, the rest avx512_bf16's.
+      // avx512_amx: tile kernels where kernel_isa says so, the rest avx512_bf16's.
       if (isa == jit::Isa::avx512_amx)
         for (Format f : {c.format, c.up, c.down}) {
           const bool tile = jit::kernel_isa(isa, moejit::formats::kernel_format(f),

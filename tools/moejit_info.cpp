@@ -174,7 +174,7 @@ std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) 
                       " KiB ahead (Intel)"
                 : std::string("; prefetch: the next call (one line per KiB of it with one token)");
   // A tier without kernels of its own for the format runs its vector tier's
-  // (avx512_amx: the formats without a tile decode, docs/FORMATS.md).
+  // (avx512_amx: the formats it runs on avx512_bf16 kernels, docs/FORMATS.md).
   return kernels == tier ? path : std::string(J::isa_name(kernels)) + " kernels: " + path;
 }
 
