@@ -48,15 +48,23 @@ std::vector<jit::Isa> kernel_tiers() {
   return r;
 }
 
-// The key the runtime resolves for a kRows-row call of a [*, k] matrix.
-jit::KernelKey kernel_key(moejit_format f, jit::Isa isa, int32_t k, int32_t tokens) {
+// The key the runtime resolves for a kRows-row call of a [*, k] matrix; with
+// `tiles`, the avx512_amx tile kernel of a format whose layers run
+// avx512_bf16's kernels on that tier (jit::kernel_isa: q8_0, mxfp8, q4_0).
+jit::KernelKey kernel_key(moejit_format f, jit::Isa isa, int32_t k, int32_t tokens, bool tiles = false) {
   moejit::plan::Target t;
   t.isa = isa;
-  return moejit::plan::matrix_plan(t, {Format(f)}, kRows, k, 0).key(kRows, tokens);
+  jit::KernelKey key = moejit::plan::matrix_plan(t, {Format(f)}, kRows, k, 0).key(kRows, tokens);
+  if (tiles) {
+    key.isa = jit::Isa::avx512_amx;
+    key.flags = 0;  // avx512_bf16's pair flags are not the tile kernels'
+  }
+  return key;
 }
 
-void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k, int32_t tokens) {
-  const jit::KernelKey key = kernel_key(f, isa, k, tokens);
+void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k, int32_t tokens,
+               bool tiles) {
+  const jit::KernelKey key = kernel_key(f, isa, k, tokens, tiles);
   std::string err;
   const auto kernel = jit::global_cache().get(key, &err);
   if (!kernel) {  // among others, a tier this CPU lacks
@@ -134,19 +142,26 @@ int main(int argc, char** argv) {
   for (moejit_format f : kFormats)
     for (jit::Isa isa : kernel_tiers())
       for (int32_t k : kKs) {
-        // avx512_amx runs avx512_bf16's kernels for the formats without a tile decode: measured there.
-        if (kernel_key(f, isa, k, 1).isa != isa) continue;
+        // avx512_amx runs avx512_bf16's kernels for most formats: measured there. Those
+        // with tile kernels all the same have them measured as `tiles`.
+        bool tiles = false;
+        if (kernel_key(f, isa, k, 1).isa != isa) {
+          tiles =
+              isa == jit::Isa::avx512_amx && jit::has_tile_kernels(Format(f), kernel_key(f, isa, k, 1).group);
+          if (!tiles) continue;
+        }
         // Tokens beyond the tier's register budget are tiled by the runtime: measure its largest.
-        const int32_t most = jit::max_tokens_per_call(kernel_key(f, isa, k, 1));
+        const int32_t most = jit::max_tokens_per_call(kernel_key(f, isa, k, 1, tiles));
         int32_t last = 0;
         for (int32_t want : kTokens) {
           const int32_t t = std::min(want, most);
           if (t == last) continue;
           last = t;
           const std::string name = std::string("kernel_l2/") + moejit_format_name(f) + "/" +
-                                   jit::isa_name(isa) + "/K:" + std::to_string(k) +
+                                   (tiles ? "tiles" : jit::isa_name(isa)) + "/K:" + std::to_string(k) +
                                    "/tokens:" + std::to_string(t);
-          benchmark::RegisterBenchmark(name.c_str(), bm_kernel, f, isa, k, t)->Unit(benchmark::kMicrosecond);
+          benchmark::RegisterBenchmark(name.c_str(), bm_kernel, f, isa, k, t, tiles)
+              ->Unit(benchmark::kMicrosecond);
         }
       }
   benchmark::RunSpecifiedBenchmarks();
