@@ -50,7 +50,7 @@ std::vector<jit::Isa> kernel_tiers() {
 
 // The key the runtime resolves for a kRows-row call of a [*, k] matrix; with
 // `tiles`, the avx512_amx tile kernel of a format whose layers run
-// avx512_bf16's kernels on that tier (jit::kernel_isa: q8_0, mxfp8, q4_0).
+// avx512_bf16's kernels on that tier (jit::kernel_isa: q8_0, mxfp8, q4_0, mxfp4).
 jit::KernelKey kernel_key(moejit_format f, jit::Isa isa, int32_t k, int32_t tokens, bool tiles = false) {
   moejit::plan::Target t;
   t.isa = isa;

@@ -4,6 +4,8 @@
 // - bf16 (avx512_bf16): 64 bytes -> 4 vectors of 32 bf16 through shifts and
 //   vpermw (XLayout::bf16_nib128, AVX512BW only); the row body widens each
 //   row's group scales to fp32 on the stack in batches of rows (WidenedRowScale).
+// - mxfp4 on tiles (avx512_amx): each group of 32 one vector of 32 bf16 in
+//   natural order, a tile row (E2m1TileDecoder).
 #include <algorithm>
 
 #include "formats/formats.h"
@@ -255,8 +257,57 @@ class E2m1Nib128Decoder : public E2m1Decoder {
   Label l_words_;
 };
 
+// mxfp4 on tiles (avx512_amx, VBMI), two groups a step: a group's 16 bytes
+// (an xmm load, zeros above), vpermb puts byte w / 2 in the low byte of word
+// w and a zero byte (byte 16) in its high byte, vpsrlvw shifts the odd
+// words by 4, and vpermw looks each word's low nibble up in the e2m1 -> bf16
+// table: word w is element w (low nibble = even k), natural order, one tile
+// row per group, whose e8m0 scale the byte-code rule applies per tile. K is a
+// multiple of 32, so a step is one or two whole groups.
+class E2m1TileDecoder : public E2m1Decoder {
+ public:
+  E2m1TileDecoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule)
+      : E2m1Decoder(key, XLayout::bf16, 2, std::move(rule)) {}
+  bool needs_vbmi() const override { return true; }
+  std::string describe() const override {
+    return "e2m1 -> bf16 (vpermb, vpsrlvw, vpermw), tile buffer, tdpbf16ps";
+  }
+  void emit_decode_constants() override {
+    a().vmovdqu16(r_.c[0], ptr[rip + l_words_]);
+    a().vmovdqu16(r_.c[1], ptr[rip + l_shifts_]);
+    a().vmovdqu8(r_.c[2], ptr[rip + l_bytes_]);
+  }
+  void emit_data() override {
+    Generator& g = a();
+    g.align(64);
+    g.L(l_words_);  // vpermw reads 5 index bits: the 16 entries twice
+    for (int i = 0; i < 32; ++i) g.dw(formats::f32_to_bf16(formats::e2m1_to_f32(uint8_t(i & 15))));
+    g.L(l_shifts_);
+    for (int w = 0; w < 32; ++w) g.dw(w % 2 ? 4 : 0);
+    g.L(l_bytes_);  // word w: byte w / 2, then byte 16 (zero)
+    for (int b = 0; b < 64; ++b) g.db(uint8_t(b % 2 ? 16 : b / 4));
+    Decoder::emit_data();
+  }
+  void load_widen(const Cursor& w, int off, int cnt, const Xmm* dst) override {
+    Generator& g = a();
+    for (int b = 0; b < (cnt + 31) / 32; ++b) {
+      const Zmm v = Zmm(dst[b].getIdx());
+      g.vmovdqu(Xmm(v.getIdx()), ptr[w.at(elem_byte(off + 32 * b))]);
+      g.vpermb(v, Zmm(r_.c[2].getIdx()), v);
+      g.vpsrlvw(v, v, Zmm(r_.c[1].getIdx()));
+      g.vpermw(v, v, Zmm(r_.c[0].getIdx()));
+    }
+  }
+
+ private:
+  Label l_words_, l_shifts_, l_bytes_;
+};
+
 }  // namespace
 
+std::unique_ptr<Decoder> make_e2m1_tile_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule) {
+  return std::make_unique<E2m1TileDecoder>(key, std::move(rule));
+}
 std::unique_ptr<Decoder> make_e2m1_f32_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule) {
   return std::make_unique<E2m1F32Decoder>(key, std::move(rule));
 }

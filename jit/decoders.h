@@ -40,6 +40,8 @@ std::unique_ptr<Decoder> make_q8_table_decoder(const KernelKey& key);
 // bf16 with the row's group scales widened on the stack (avx512_bf16).
 std::unique_ptr<Decoder> make_e2m1_f32_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule);
 std::unique_ptr<Decoder> make_e2m1_nib128_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule);
+// mxfp4 on avx512_amx (VBMI): each group of 32 one tile row of bf16 (natural order).
+std::unique_ptr<Decoder> make_e2m1_tile_decoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule);
 // The nib128 decode's scales in the row body: e8m0 or e4m3 group scales
 // widened per batch of rows, a vpermps per chunk onto the decode's lanes.
 std::unique_ptr<ScaleRule> make_widened_row_scale(const KernelKey& key);

@@ -112,7 +112,7 @@ std::string decode_path(Isa isa, formats::Format format, uint32_t flags);
 inline constexpr int kNearPrefetchBytes = 6144;
 
 // Whether avx512_amx kernels exist for a format (a tile decode, jit/decoders.cpp):
-// bf16, fp8_block, mxfp8, q8_0 and q4_0. They can be generated and are tested
+// bf16, fp8_block, mxfp8, q8_0, q4_0 and mxfp4. They can be generated and are tested
 // whichever kernels the layers run (kernel_isa).
 bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags = 0);
 

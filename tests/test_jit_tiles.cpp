@@ -47,7 +47,8 @@ struct TileFormat {
 const TileFormat kTileFormats[] = {
     {Format::bf16, 0},        {Format::fp8_block, 128}, {Format::fp8_block, 128, ScaleDtype::f32},
     {Format::mxfp8_e4m3, 32}, {Format::mxfp8_e4m3, 64}, {Format::mxfp8_e5m2, 128},
-    {Format::mxfp8_e5m2, 32}, {Format::q8_0, 32},       {Format::q4_0, 32}};
+    {Format::mxfp8_e5m2, 32}, {Format::q8_0, 32},       {Format::q4_0, 32},
+    {Format::mxfp4, 32}};
 
 std::string amx_missing() {
   if (jit::isa_available(jit::Isa::avx512_amx)) return "";
@@ -187,7 +188,8 @@ TEST_P(TileKernels, NeverReadPastTheMatrix) {
       if (!k_ok(t, k)) continue;
       for (int rows : {3, 16, 29}) {
         Bank b = make_bank(t.f, t.sdt, rows, k, rng, t.group ? t.group : 128);
-        const bool own_scales = t.f == Format::mxfp8_e4m3 || t.f == Format::mxfp8_e5m2;
+        const bool own_scales =
+            t.f == Format::mxfp8_e4m3 || t.f == Format::mxfp8_e5m2 || t.f == Format::mxfp4;
         if (own_scales) {  // dense scale rows, so the last row's last group is the tensor's last byte
           b.layout.scale_stride = k / t.group;
           b.scales.assign(size_t(rows * k / t.group), 0);
@@ -228,7 +230,7 @@ TEST_P(TileKernels, UseTheTileUnit) {
               t.f == Format::bf16 || t.f == Format::fp8_block ? jit::Isa::avx512_amx : jit::Isa::avx512_bf16)
         << fmt::format_name(t.f) << " g" << t.group << ": docs/FORMATS.md says which formats run tiles";
   }
-  for (Format f : {Format::mxfp4, Format::nvfp4, Format::q4_K}) {
+  for (Format f : {Format::nvfp4, Format::q4_K}) {
     EXPECT_FALSE(jit::has_tile_kernels(f, fmt::default_group(f, 0))) << fmt::format_name(f);
     EXPECT_EQ(jit::kernel_isa(jit::Isa::avx512_amx, f, fmt::default_group(f, 0)), jit::Isa::avx512_bf16)
         << fmt::format_name(f) << ": docs/FORMATS.md says it runs the avx512_bf16 kernels on avx512_amx";
