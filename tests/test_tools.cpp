@@ -152,6 +152,19 @@ const std::vector<TierCase>& tier_cases() {
        false,
        {"vpabsb", "vpermi2b", "tdpbf16ps", "vcvtph2ps", "tilerelease"},
        {"vdpbf16ps", "vcvtdq2ps"}},
+      // The 4-bit tile decodes: one block or group per tile row.
+      {"q4_0_avx512_amx",
+       Format::q4_0,
+       jit::Isa::avx512_amx,
+       false,
+       {"vpmovzxbw", "vpsrlvw", "vpermw", "tdpbf16ps", "vcvtph2ps", "tilerelease"},
+       {"vdpbf16ps", "vpermt2b"}},
+      {"mxfp4_avx512_amx",
+       Format::mxfp4,
+       jit::Isa::avx512_amx,
+       false,
+       {"vpermb", "vpsrlvw", "vpermw", "tdpbf16ps", "vfmadd231ps", "tilerelease"},
+       {"vdpbf16ps"}},
       {"bf16_avx512", Format::bf16, jit::Isa::avx512, false, {"vfmadd231ps", "zmm\\d+"}, {"vdpbf16ps"}},
       {"bf16_avx512_bf16", Format::bf16, jit::Isa::avx512_bf16, false, {"vdpbf16ps", "zmm\\d+"}, {}},
       {"fp8_block_avx2",
@@ -302,13 +315,11 @@ bool uses(const std::vector<std::string>& lines, const std::string& word) {
 // Kernels with a tail (K % 128 != 0), several rows and tokens: every phase appears.
 class TierListing : public ::testing::TestWithParam<TierCase> {};
 
+// Only the code is read, so every tier's kernels are generated on any CPU
+// (gemv_supported's run_here).
 TEST_P(TierListing, UsesTheTiersInstructions) {
   const TierCase& c = GetParam();
   if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis: no listings";
-  if (!jit::isa_available(c.isa)) GTEST_SKIP() << "this CPU lacks tier " << jit::isa_name(c.isa);
-  if (c.isa == jit::Isa::avx512_bf16 && !c.no_vbmi && !jit::host_features().avx512_vbmi &&
-      jit::needs_vbmi(c.isa, c.format, 0))
-    GTEST_SKIP() << "this CPU lacks AVX512_VBMI for the byte-table decodes";
   // K with a tail where the format allows any K; block formats need multiples of 32.
   const bool any_k = c.format == Format::bf16 || c.format == Format::fp8_block;
   jit::KernelKey key = runtime_key(c.format, any_k ? 1000 : 1024, c.isa, 5, 2, c.no_vbmi);
@@ -317,7 +328,7 @@ TEST_P(TierListing, UsesTheTiersInstructions) {
   ASSERT_EQ(key.isa, c.isa);
   ASSERT_EQ(key.flags, jit::runtime_flags(c.isa, c.format, key.group) | (c.no_vbmi ? jit::kFlagNoVbmi : 0u));
   std::string err;
-  auto k = jit::global_cache().get(key, &err);
+  auto k = jit::generate_gemv(key, &err, /*run_here=*/false);
   ASSERT_TRUE(k) << key.name() << ": " << err;
   std::string listing;
   ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
@@ -479,14 +490,13 @@ TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
 // blocks go through the tile buffer and have none.
 TEST(Listing, TileRowsPrefetchIntoL1Ahead) {
   if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
-  if (!jit::isa_available(jit::Isa::avx512_amx)) GTEST_SKIP() << "this CPU lacks avx512_amx";
   const std::regex re(R"(prefetcht0 \[(r\w+)(?:\+0x([0-9a-f]+))?\])");
   for (int tokens : {1, 16})
     for (int rows : {16, 3}) {
       const int64_t k = 1024;  // 4 loop iterations of 256 elements: 8 lines per row each
       const jit::KernelKey key = runtime_key(Format::bf16, k, jit::Isa::avx512_amx, rows, tokens);
       std::string err, listing;
-      auto kern = jit::global_cache().get(key, &err);
+      auto kern = jit::generate_gemv(key, &err, /*run_here=*/false);  // read, not run: any CPU
       ASSERT_TRUE(kern) << key.name() << ": " << err;
       ASSERT_TRUE(jit::kernel_listing(*kern, &listing, &err)) << err;
       std::multiset<int64_t> offs;
