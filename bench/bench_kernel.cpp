@@ -57,7 +57,7 @@ jit::KernelKey kernel_key(moejit_format f, jit::Isa isa, int32_t k, int32_t toke
   jit::KernelKey key = moejit::plan::matrix_plan(t, {Format(f)}, kRows, k, 0).key(kRows, tokens);
   if (tiles) {
     key.isa = jit::Isa::avx512_amx;
-    key.flags = 0;  // avx512_bf16's pair flags are not the tile kernels'
+    key.flags = jit::runtime_flags(key.isa, key.format, key.group);  // not avx512_bf16's
   }
   return key;
 }

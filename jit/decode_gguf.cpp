@@ -178,6 +178,7 @@ class Q4TileDecoder : public Decoder {
     for (int i = 0; i < 32; ++i) g.dw(formats::f32_to_bf16(float((i & 15) - 8)));
     g.L(l_shifts_);
     for (int i = 0; i < 32; ++i) g.dw(i < 16 ? 0 : 4);
+    Decoder::emit_data();
   }
   void load_widen(const Cursor& w, int off, int cnt, const Xmm* dst) override {
     Generator& g = a();

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -444,8 +445,11 @@ void TileBody::store_rows(int n) {
 // Tile register t is 16 rows of 64 bytes at emu_tile(t); a row's bytes past
 // its colsb are zero, as tileloadd leaves them. The emulation keeps every
 // register the body and the decoder use: it saves its scratch (e0, e1, rbx,
-// k7) first and restores it after. Loads and stores touch a row's colsb bytes
-// only (a masked move), so it reads no byte the tile unit would not.
+// k7) first and restores it after. It changes EFLAGS, which the tile
+// instructions do not: no flag is live across one in this body (the loops'
+// dec and jnz are adjacent). Loads and stores touch a row's colsb bytes only
+// (a masked move), so it reads no byte the tile unit would not; their base is
+// never rbx (the weights, x or the stack), which the mask setup takes.
 
 void TileBody::emu_save(int cols_bytes) {
   vmovups(ptr[rsp + emu_save_off()], e0);
@@ -482,6 +486,7 @@ void TileBody::t_load(const Tmm& t, const Reg64& base, int64_t disp, const Reg64
     tileloadd(t, ptr[base + stride_reg + disp]);
     return;
   }
+  assert(base.getIdx() != reg_tmp.getIdx());
   emu_save(colsb(t));
   for (int r = 0; r < kRows; ++r) {
     vmovdqu32(e0 | e_k | T_z, ptr[base + (disp + r * stride)]);
@@ -496,6 +501,7 @@ void TileBody::t_store(const Reg64& base, int64_t disp, const Reg64& stride_reg,
     tilestored(ptr[base + stride_reg + disp], t);
     return;
   }
+  assert(base.getIdx() != reg_tmp.getIdx());
   emu_save(colsb(t));
   for (int r = 0; r < kRows; ++r) {
     vmovups(e0, ptr[rsp + emu_tile(t) + 64 * r]);
