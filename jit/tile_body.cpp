@@ -140,10 +140,18 @@ class TileBody : public Generator {
     if (!emu_) tilerelease();
   }
   void t_zero(const Tmm& t);
-  // Tile t from rows at base + disp + r stride (stride: the value of stride_reg).
-  void t_load(const Tmm& t, const Reg64& base, int64_t disp, const Reg64& stride_reg, int64_t stride);
+  // Tile t from rows at base + disp + r stride, the stride in stride_reg
+  // (reg_rb, reg_s64 or reg_bs, whose values stride_of knows).
+  void t_load(const Tmm& t, const Reg64& base, int64_t disp, const Reg64& stride_reg);
   // Tile t's rows to base + disp + r stride.
-  void t_store(const Reg64& base, int64_t disp, const Reg64& stride_reg, int64_t stride, const Tmm& t);
+  void t_store(const Reg64& base, int64_t disp, const Reg64& stride_reg, const Tmm& t);
+  // The value a stride register holds after the prologue.
+  int64_t stride_of(const Reg64& r) const {
+    if (r.getIdx() == reg_rb.getIdx()) return row_bytes_;
+    if (r.getIdx() == reg_s64.getIdx()) return 64;
+    assert(r.getIdx() == reg_bs.getIdx());
+    return b_row_bytes();
+  }
   void t_dp(const Tmm& c, const Tmm& a, const Tmm& b);
   // Bytes per row of a tile as configured (emit_data's palette).
   int colsb(const Tmm& t) const { return t == tmm_a[0] || t == tmm_a[1] ? 64 : 4 * key_.tokens; }
@@ -377,10 +385,10 @@ void TileBody::emit_step(int off, int cnt, int n) {
     if (direct) {
       const int64_t at = dw_ + dec_->elem_byte(off + 32 * v);
       for (int r = 0; r < kRows; ++r) prefetcht0(ptr[reg_wk + (r * row_bytes_ + at + kTileL1AheadBytes)]);
-      t_load(a, reg_wk, at, reg_rb, row_bytes_);
+      t_load(a, reg_wk, at, reg_rb);
     } else
-      t_load(a, rsp, abuf_off(set_, v), reg_s64, 64);
-    t_load(tmm_b[v % 2], reg_xk, ((dx_ + off) / 32 + v) * b_chunk_bytes(), reg_bs, b_row_bytes());
+      t_load(a, rsp, abuf_off(set_, v), reg_s64);
+    t_load(tmm_b[v % 2], reg_xk, ((dx_ + off) / 32 + v) * b_chunk_bytes(), reg_bs);
     t_dp(tmm_c[cur_], a, tmm_b[v % 2]);
     pending_ = true;
     if (rule_ && (off + 32 * (v + 1)) % group == 0) flush_group((off + 32 * v) / group, n);
@@ -393,7 +401,7 @@ void TileBody::emit_step(int off, int cnt, int n) {
 void TileBody::flush_group(int gi, int n) {
   phase("block-scale");
   const int cb = cbuf_off(cur_);
-  t_store(rsp, cb, reg_s64, 64, tmm_c[cur_]);
+  t_store(rsp, cb, reg_s64, tmm_c[cur_]);
   t_zero(tmm_c[cur_]);
   TileScaleBlock b;
   b.c = Cursor{rsp, cb};
@@ -412,7 +420,7 @@ void TileBody::flush_group(int gi, int n) {
 void TileBody::store_rows(int n) {
   phase("store");
   if (!rule_) {
-    t_store(rsp, cbuf_off(0), reg_s64, 64, tmm_c[0]);
+    t_store(rsp, cbuf_off(0), reg_s64, tmm_c[0]);
     for (int r = 0; r < kRows; ++r) vmovups(tot(r), ptr[rsp + cbuf_off(0) + 64 * r]);
   }
   const float factor = dec_->total_factor();
@@ -480,13 +488,13 @@ void TileBody::t_zero(const Tmm& t) {
   emu_restore();
 }
 
-void TileBody::t_load(const Tmm& t, const Reg64& base, int64_t disp, const Reg64& stride_reg,
-                      int64_t stride) {
+void TileBody::t_load(const Tmm& t, const Reg64& base, int64_t disp, const Reg64& stride_reg) {
   if (!emu_) {
     tileloadd(t, ptr[base + stride_reg + disp]);
     return;
   }
   assert(base.getIdx() != reg_tmp.getIdx());
+  const int64_t stride = stride_of(stride_reg);
   emu_save(colsb(t));
   for (int r = 0; r < kRows; ++r) {
     vmovdqu32(e0 | e_k | T_z, ptr[base + (disp + r * stride)]);
@@ -495,13 +503,13 @@ void TileBody::t_load(const Tmm& t, const Reg64& base, int64_t disp, const Reg64
   emu_restore();
 }
 
-void TileBody::t_store(const Reg64& base, int64_t disp, const Reg64& stride_reg, int64_t stride,
-                       const Tmm& t) {
+void TileBody::t_store(const Reg64& base, int64_t disp, const Reg64& stride_reg, const Tmm& t) {
   if (!emu_) {
     tilestored(ptr[base + stride_reg + disp], t);
     return;
   }
   assert(base.getIdx() != reg_tmp.getIdx());
+  const int64_t stride = stride_of(stride_reg);
   emu_save(colsb(t));
   for (int r = 0; r < kRows; ++r) {
     vmovups(e0, ptr[rsp + emu_tile(t) + 64 * r]);
