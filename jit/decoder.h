@@ -101,6 +101,13 @@ struct TileScaleBlock {
   int64_t row_bytes = 0;               // weight bytes between rows
   int rows = 0;                        // rows of the block (16, fewer in the last)
   std::span<const Xbyak::Xmm> totals;  // per row: the running total (lanes = tokens)
+  int group = 0;                       // the group's index in its block
+  Cursor block_w;                      // the block's first weight byte in the first row
+  // Where the decoder asks for sums of x (Decoder::xsum_span): the block's
+  // sums, sub-block j's row of one dword per token at xsums.at(j xsum_row_bytes)
+  // (XPrep's tile layout).
+  Cursor xsums;
+  int xsum_row_bytes = 0;
 };
 
 // State shared by a decoder and its scale rule: the key, the shape and, once
@@ -251,6 +258,8 @@ class Decoder : public DecodePart {
   // Makes the shape step-scaled (DecodeShape::step_scaled), the rule's too,
   // with `steps` steps per apply_step.
   void set_step_scaled(int steps = 1);
+  // Makes a block `block` elements (a multiple of the rule's group), the rule's too.
+  void set_block(int block);
   virtual void emit_decode_constants() {}
 
   XLayout layout_;

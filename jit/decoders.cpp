@@ -43,6 +43,12 @@ void Decoder::set_step_scaled(int steps) {
   if (rule_) rule_->shape_ = shape_;
 }
 
+void Decoder::set_block(int block) {
+  shape_.block = block;
+  shape_.groups = block / rule_->group();
+  rule_->shape_ = shape_;
+}
+
 void Decoder::bind(Generator& g, const DecodeRegs& r) {
   bind_part(g, r, shape_);
   if (rule_) rule_->bind_part(g, r, shape_);
@@ -63,6 +69,7 @@ std::unique_ptr<Decoder> make_tile_decoder(const KernelKey& key) {
   // Without VBMI: the decodes that need no byte table.
   if (key.flags & kFlagNoVbmi) {
     if (key.format == Format::bf16) return make_bf16_decoder(key);
+    if (key.format == Format::q4_K || key.format == Format::q5_K) return make_kquant_tile_decoder(key);
     return key.format == Format::q4_0 ? make_q4_tile_decoder(key) : nullptr;
   }
   switch (key.format) {
@@ -73,6 +80,8 @@ std::unique_ptr<Decoder> make_tile_decoder(const KernelKey& key) {
     case Format::q8_0: return make_q8_table_decoder(key);
     case Format::q4_0: return make_q4_tile_decoder(key);
     case Format::mxfp4: return make_e2m1_tile_decoder(key, make_byte_code_scale(key));
+    case Format::q4_K:
+    case Format::q5_K: return make_kquant_tile_decoder(key);
     default: return nullptr;
   }
 }

@@ -52,7 +52,8 @@ class TileBody : public Generator {
         shape_(dec_->shape()),
         nvec_(shape_.vectors()),
         row_bytes_(formats::row_bytes(key.format, key.k)),
-        unroll_(std::max(1, kIterElems / shape_.block)) {}
+        unroll_(std::max(1, kIterElems / shape_.block)),
+        xsums_(dec_->xsum_span() > 0) {}
 
   bool generate(std::string* err) {
     if (shape_.vec_elems != 32 || !dec_->x_prep().tiled() || (rule_ && !rule_->tile_ready())) {
@@ -61,6 +62,10 @@ class TileBody : public Generator {
     }
     if (key_.tokens > kTileTokens) {
       *err = "tokens per call exceed the 16 columns of a tile";
+      return false;
+    }
+    if (xsums_ && dec_->x_prep().sums().block != shape_.block) {
+      *err = "the sums of x of " + key_.name() + " are not one set per block";
       return false;
     }
     if (rule_bytes() % 64 != 0) {
@@ -196,6 +201,12 @@ class TileBody : public Generator {
   // pairs x M tokens per chunk of 32 elements, its rows packed.
   int b_row_bytes() const { return 4 * key_.tokens; }
   int b_chunk_bytes() const { return 16 * b_row_bytes(); }
+  // x bytes of one block: its chunks, then its sums of x (one chunk) where the decoder asks for them.
+  int x_block_bytes() const { return (shape_.block / 32 + (xsums_ ? 1 : 0)) * b_chunk_bytes(); }
+  // Byte of chunk c (32 elements from element off) of the block being emitted.
+  int64_t x_chunk_at(int off, int c) const {
+    return dx_ / shape_.block * x_block_bytes() + int64_t(off / 32 + c) * b_chunk_bytes();
+  }
 
   static constexpr int kEmuTiles = 6;  // tmm0..5: two C, two A, two B
 
@@ -208,6 +219,7 @@ class TileBody : public Generator {
   int nvec_;  // vectors per step: tile buffers per set
   int64_t row_bytes_;
   int unroll_;            // blocks per loop iteration
+  bool xsums_;            // whether x carries sums after each block (Decoder::xsum_span)
   int dw_ = 0;            // byte displacements of the block being emitted: weights,
   int64_t dx_ = 0;        // activations (elements),
   int ds_ = 0;            // scales
@@ -337,7 +349,7 @@ void TileBody::emit_rows(int n) {
     finish_prefetch_span(n);
     set_disp(0);
     add(reg_wk, unroll_ * block_bytes);
-    add(reg_xk, unroll_ * shape_.block / 32 * b_chunk_bytes());
+    add(reg_xk, unroll_ * x_block_bytes());
     if (scale_bytes() > 0) add(reg_sk, unroll_ * scale_bytes());
     dec(reg_kb);
     jnz(l_k, T_NEAR);
@@ -388,7 +400,7 @@ void TileBody::emit_step(int off, int cnt, int n) {
       t_load(a, reg_wk, at, reg_rb);
     } else
       t_load(a, rsp, abuf_off(set_, v), reg_s64);
-    t_load(tmm_b[v % 2], reg_xk, ((dx_ + off) / 32 + v) * b_chunk_bytes(), reg_bs);
+    t_load(tmm_b[v % 2], reg_xk, x_chunk_at(off, v), reg_bs);
     t_dp(tmm_c[cur_], a, tmm_b[v % 2]);
     pending_ = true;
     if (rule_ && (off + 32 * (v + 1)) % group == 0) flush_group((off + 32 * v) / group, n);
@@ -410,6 +422,12 @@ void TileBody::flush_group(int gi, int n) {
   b.row_bytes = row_bytes_;
   b.rows = n;
   b.totals = totals_;
+  b.group = gi;
+  b.block_w = Cursor{reg_wk, dw_};
+  if (xsums_) {
+    b.xsums = Cursor{reg_xk, x_chunk_at(0, shape_.block / 32)};
+    b.xsum_row_bytes = b_row_bytes();
+  }
   rule_->tile_apply(b);
   cur_ ^= 1;
   pending_ = false;

@@ -41,12 +41,9 @@ void XPrep::prepare(void* vec, const uint16_t* src, int64_t k) const {
 
 void XPrep::store(void* vec, int64_t k0, const float* v, int64_t n) const {
   if (sums_.span) {
-    const int64_t span = sums_.span;
-    for (int64_t s = (k0 + span - 1) / span * span; s + span <= k0 + n; s += span) {
-      float sum = 0.0f;
-      for (int64_t i = s; i < s + span; ++i) sum += v[i - k0];
+    sum_sub_blocks(k0, v, n, [&](int64_t s, float sum) {
       std::memcpy(static_cast<uint8_t*>(vec) + sum_offset(s), &sum, 4);
-    }
+    });
     for (int64_t i = 0; i < n; ++i) {
       if (elem_bytes() == 4)
         static_cast<float*>(vec)[position(k0 + i)] = v[i];
@@ -89,6 +86,15 @@ uint8_t* run_base(void* buf, int64_t run, int64_t vb) { return static_cast<uint8
 void XPrep::prepare_slot(void* buf, Slot s, const uint16_t* src, int64_t k) const {
   const int64_t vb = vector_bytes(k);
   if (!tiled()) return prepare(run_base(buf, s.run + s.col, vb), src, k);
+  if (sums_.span) {  // through store_slot, which also sums
+    float chunk[256];
+    for (int64_t k0 = 0; k0 < k; k0 += 256) {
+      const int64_t n = std::min<int64_t>(256, k - k0);
+      for (int64_t i = 0; i < n; ++i) chunk[i] = formats::bf16_to_f32(src[k0 + i]);
+      store_slot(buf, s, k, k0, chunk, n);
+    }
+    return;
+  }
   uint8_t* b = run_base(buf, s.run, vb);
   for (int64_t i = 0; i < k; ++i) std::memcpy(b + tile_byte(i, s.width, s.col), &src[i], 2);
 }
@@ -101,6 +107,9 @@ void XPrep::store_slot(void* buf, Slot s, int64_t k, int64_t k0, const float* v,
     const uint16_t h = formats::f32_to_bf16(v[i]);
     std::memcpy(b + tile_byte(k0 + i, s.width, s.col), &h, 2);
   }
+  if (sums_.span)
+    sum_sub_blocks(k0, v, n,
+                   [&](int64_t j, float sum) { std::memcpy(b + tile_sum_byte(j, s.width, s.col), &sum, 4); });
 }
 
 void XPrep::copy_slot(void* dst, Slot to, const void* src, Slot from, int64_t k) const {

@@ -121,8 +121,10 @@ class XPrep {
   // bytes: chunk c of 32 positions is 64 * width bytes at c * 64 * width, as
   // 16 rows (element pairs) of 4 * width bytes, one dword per token: the B tile
   // of tdpbf16ps for the run, `width` lines of it per chunk. A run of one token
-  // is its vector in natural order. Tile layouts hold no sums of x (no decode
-  // with sums has a tile form).
+  // is its vector in natural order. Sums of x (XSums) take the place of one
+  // chunk after each block, as one row of 4 * width bytes per sub-block (a
+  // dword per token, in sub-block order, zeros after the last): the run's
+  // vector of sums of sub-block j is one masked load at row j.
   static constexpr int kTileSlots = 16;  // the most tokens of a run in a tile layout
   struct Slot {
     int64_t run = 0;  // first slot of the run
@@ -153,8 +155,24 @@ class XPrep {
  private:
   // Byte of activation k of token `col` of a run of `width` tokens in a tile layout.
   int64_t tile_byte(int64_t k, int width, int col) const {
-    const int64_t p = slot(k);  // pair p / 2 of the run
+    const int64_t p = position(k);  // pair p / 2 of the run
     return (p >> 1) * 4 * width + col * 4 + (p & 1) * 2;
+  }
+  // Byte of the sum of the sub-block holding activation k, token `col`, in a tile layout.
+  int64_t tile_sum_byte(int64_t k, int width, int col) const {
+    const int64_t pair = sum_offset(k) / 4;  // row j of the block's sums is pair row (sums start) + j
+    return pair * 4 * width + col * 4;
+  }
+  // The sums of the sub-blocks wholly inside activations k0 .. k0 + n - 1
+  // (each summed in k order), through put(k of the sub-block's first, sum).
+  template <typename Put>
+  void sum_sub_blocks(int64_t k0, const float* v, int64_t n, Put put) const {
+    const int64_t span = sums_.span;
+    for (int64_t s = (k0 + span - 1) / span * span; s + span <= k0 + n; s += span) {
+      float sum = 0.0f;
+      for (int64_t i = s; i < s + span; ++i) sum += v[i - k0];
+      put(s, sum);
+    }
   }
   // Slot of activation k in the layout's order, sums aside.
   int64_t slot(int64_t k) const {

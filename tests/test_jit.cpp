@@ -289,6 +289,58 @@ TEST(XPrep, TileRunsPackTheirTokens) {
     }
 }
 
+// Tile layouts with sums of x (q4_K's and q5_K's tile kernels): after each
+// block, one chunk holds the block's sums, sub-block j's as row j of one dword
+// per token; the activations keep their places in the other chunks. Prepare
+// and store (in sub-block pieces) write the same bytes, copying a token moves
+// its sums too, and a run of one token is the per-token layout's vector.
+TEST(XPrep, TileRunsCarryTheirSums) {
+  moejit_test::Rng rng(5);
+  const int64_t k = 512;
+  for (jit::XSums sums : {jit::XSums{32, 256}, jit::XSums{16, 256}}) {
+    const jit::XPrep tile(jit::XLayout::bf16, jit::Isa::avx512_amx, sums),
+        flat(jit::XLayout::bf16, jit::Isa::avx512_bf16, sums);
+    const int64_t vb = tile.vector_bytes(k);
+    ASSERT_EQ(vb, k * 2 + 2 * jit::kXSumBytes);
+    std::vector<uint16_t> src(static_cast<size_t>(k));
+    std::vector<float> v(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) {
+      src[size_t(i)] = fmt::f32_to_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
+      v[size_t(i)] = fmt::bf16_to_f32(src[size_t(i)]);
+    }
+    std::vector<uint8_t> one(size_t(vb), 0), want(size_t(vb), 0);
+    tile.prepare_slot(one.data(), {0, 1, 0}, src.data(), k);
+    flat.prepare(want.data(), src.data(), k);
+    EXPECT_EQ(one, want);
+    for (int width : {1, 5, 16})
+      for (int col : {0, width - 1}) {
+        const jit::XPrep::Slot s{1, width, col};
+        std::vector<uint8_t> a(size_t(vb * (1 + width + 1)), 0), b = a, c = a;
+        tile.prepare_slot(a.data(), s, src.data(), k);
+        for (int64_t k0 = 0; k0 < k; k0 += sums.span)
+          tile.store_slot(b.data(), s, k, k0, &v[size_t(k0)], sums.span);
+        EXPECT_EQ(a, b) << width << " " << col;
+        tile.copy_slot(c.data(), s, one.data(), {0, 1, 0}, k);
+        EXPECT_EQ(a, c) << width << " " << col;
+        const uint8_t* run = a.data() + vb;  // the run's first byte (slot 1)
+        const int64_t row = 4 * width, chunk = 16 * row;
+        for (int64_t i = 0; i < k; ++i) {  // element i: chunk i / 32 plus one per block before it
+          const int64_t at = (i / 32 + i / 256) * chunk + i % 32 / 2 * row + 4 * col + i % 2 * 2;
+          uint16_t h;
+          std::memcpy(&h, run + at, 2);
+          ASSERT_EQ(h, src[size_t(i)]) << width << " " << col << " element " << i;
+        }
+        for (int64_t s0 = 0; s0 < k; s0 += sums.span) {
+          float sum = 0.0f, got;
+          for (int64_t i = s0; i < s0 + sums.span; ++i) sum += v[size_t(i)];
+          const int64_t at = (s0 / 256 * 9 + 8) * chunk + s0 % 256 / sums.span * row + 4 * col;
+          std::memcpy(&got, run + at, 4);
+          ASSERT_EQ(got, sum) << width << " " << col << " sub-block from " << s0;
+        }
+      }
+  }
+}
+
 // A body other than the row body driving a decoder: other registers lent
 // (the row body lends 0-9 in order), rows read through one cursor register with
 // displacements, the widened vectors stored. This is what a tile body does

@@ -48,7 +48,7 @@ const TileFormat kTileFormats[] = {
     {Format::bf16, 0},        {Format::fp8_block, 128}, {Format::fp8_block, 128, ScaleDtype::f32},
     {Format::mxfp8_e4m3, 32}, {Format::mxfp8_e4m3, 64}, {Format::mxfp8_e5m2, 128},
     {Format::mxfp8_e5m2, 32}, {Format::q8_0, 32},       {Format::q4_0, 32},
-    {Format::mxfp4, 32}};
+    {Format::mxfp4, 32},      {Format::q4_K, 256},      {Format::q5_K, 256}};
 
 std::string amx_missing() {
   if (jit::isa_available(jit::Isa::avx512_amx)) return "";
@@ -239,7 +239,7 @@ TEST_P(TileKernels, UseTheTileUnit) {
               t.f == Format::bf16 || t.f == Format::fp8_block ? jit::Isa::avx512_amx : jit::Isa::avx512_bf16)
         << fmt::format_name(t.f) << " g" << t.group << ": docs/FORMATS.md says which formats run tiles";
   }
-  for (Format f : {Format::nvfp4, Format::q4_K}) {
+  for (Format f : {Format::nvfp4, Format::q6_K, Format::q2_K, Format::q3_K}) {
     EXPECT_FALSE(jit::has_tile_kernels(f, fmt::default_group(f, 0))) << fmt::format_name(f);
     EXPECT_EQ(jit::kernel_isa(jit::Isa::avx512_amx, f, fmt::default_group(f, 0)), jit::Isa::avx512_bf16)
         << fmt::format_name(f) << ": docs/FORMATS.md says it runs the avx512_bf16 kernels on avx512_amx";
