@@ -257,13 +257,15 @@ class E2m1Nib128Decoder : public E2m1Decoder {
   Label l_words_;
 };
 
-// mxfp4 on tiles (avx512_amx, VBMI), two groups a step: a group's 16 bytes
+// mxfp4 and nvfp4 on tiles (avx512_amx, VBMI), two vectors a step: a group's 16 bytes
 // (an xmm load, zeros above), vpermb puts byte w / 2 in the low byte of word
 // w and a zero byte (byte 16) in its high byte, vpsrlvw shifts the odd
 // words by 4, and vpermw looks each word's low nibble up in the e2m1 -> bf16
 // table: word w is element w (low nibble = even k), natural order, one tile
-// row per group, whose e8m0 scale the byte-code rule applies per tile. K is a
-// multiple of 32, so a step is one or two whole groups.
+// row per group, whose e8m0 scale the byte-code rule applies per tile. nvfp4
+// takes the same decode, its e4m3 scale per group of 16 (the tile body's half
+// steps); its K may end 16 elements into a vector, whose 8 bytes one vmovq
+// loads (zeros above, nothing read past the row).
 class E2m1TileDecoder : public E2m1Decoder {
  public:
   E2m1TileDecoder(const KernelKey& key, std::unique_ptr<ScaleRule> rule)
@@ -292,7 +294,10 @@ class E2m1TileDecoder : public E2m1Decoder {
     Generator& g = a();
     for (int b = 0; b < (cnt + 31) / 32; ++b) {
       const Zmm v = Zmm(dst[b].getIdx());
-      g.vmovdqu(Xmm(v.getIdx()), ptr[w.at(elem_byte(off + 32 * b))]);
+      if (cnt - 32 * b >= 32)
+        g.vmovdqu(Xmm(v.getIdx()), ptr[w.at(elem_byte(off + 32 * b))]);
+      else  // K % 32 == 16 (nvfp4)
+        g.vmovq(Xmm(v.getIdx()), ptr[w.at(elem_byte(off + 32 * b))]);
       g.vpermb(v, Zmm(r_.c[2].getIdx()), v);
       g.vpsrlvw(v, v, Zmm(r_.c[1].getIdx()));
       g.vpermw(v, v, Zmm(r_.c[0].getIdx()));

@@ -79,7 +79,8 @@ std::unique_ptr<Decoder> make_tile_decoder(const KernelKey& key) {
     case Format::mxfp8_e5m2: return make_fp8_table_decoder(key, make_byte_code_scale(key));
     case Format::q8_0: return make_q8_table_decoder(key);
     case Format::q4_0: return make_q4_tile_decoder(key);
-    case Format::mxfp4: return make_e2m1_tile_decoder(key, make_byte_code_scale(key));
+    case Format::mxfp4:
+    case Format::nvfp4: return make_e2m1_tile_decoder(key, make_byte_code_scale(key));
     case Format::q4_K:
     case Format::q5_K: return make_kquant_tile_decoder(key);
     default: return nullptr;

@@ -38,8 +38,10 @@ constexpr int kPrefetchLine = 64;  // every line of the later call's rows is pre
 
 // C, 16 rows x M tokens: two, so a group's store overlaps the next group's products.
 const Tmm tmm_c[2] = {Tmm(0), Tmm(1)};
-const Tmm tmm_a[2] = {Tmm(2), Tmm(3)};  // A, 16 rows x 32 bf16
-const Tmm tmm_b[2] = {Tmm(4), Tmm(5)};  // B, 16 element pairs x M tokens
+// A, 16 rows x 32 bf16; with groups of 16 (half steps), 16 rows x 16 bf16.
+const Tmm tmm_a[2] = {Tmm(2), Tmm(3)};
+// B, 16 element pairs x M tokens; with groups of 16, 8 pairs x M tokens.
+const Tmm tmm_b[2] = {Tmm(4), Tmm(5)};
 
 class TileBody : public Generator {
  public:
@@ -53,7 +55,8 @@ class TileBody : public Generator {
         nvec_(shape_.vectors()),
         row_bytes_(formats::row_bytes(key.format, key.k)),
         unroll_(std::max(1, kIterElems / shape_.block)),
-        xsums_(dec_->xsum_span() > 0) {}
+        xsums_(dec_->xsum_span() > 0),
+        half_(rule_ && shape_.block / shape_.groups == 16) {}
 
   bool generate(std::string* err) {
     if (shape_.vec_elems != 32 || !dec_->x_prep().tiled() || (rule_ && !rule_->tile_ready())) {
@@ -159,7 +162,12 @@ class TileBody : public Generator {
   }
   void t_dp(const Tmm& c, const Tmm& a, const Tmm& b);
   // Bytes per row of a tile as configured (emit_data's palette).
-  int colsb(const Tmm& t) const { return t == tmm_a[0] || t == tmm_a[1] ? 64 : 4 * key_.tokens; }
+  int colsb(const Tmm& t) const { return t == tmm_a[0] || t == tmm_a[1] ? a_colsb() : 4 * key_.tokens; }
+  // Rows of a tile as configured: B tiles hold one row per element pair.
+  int tile_rows(const Tmm& t) const { return t == tmm_b[0] || t == tmm_b[1] ? b_rows() : kRows; }
+  // A tiles' bytes per row and B tiles' rows: 32 elements, or 16 in half steps.
+  int a_colsb() const { return half_ ? 32 : 64; }
+  int b_rows() const { return half_ ? 8 : kRows; }
   // The emulation's scratch: two vectors, a GPR and an opmask, saved and restored around each instruction.
   const Zmm e0 = Zmm(11), e1 = Zmm(12);
   const Opmask e_k = k7;
@@ -218,8 +226,11 @@ class TileBody : public Generator {
   DecodeShape shape_;
   int nvec_;  // vectors per step: tile buffers per set
   int64_t row_bytes_;
-  int unroll_;            // blocks per loop iteration
-  bool xsums_;            // whether x carries sums after each block (Decoder::xsum_span)
+  int unroll_;  // blocks per loop iteration
+  bool xsums_;  // whether x carries sums after each block (Decoder::xsum_span)
+  // Groups of 16 (nvfp4, the K-quants with 16-element sub-blocks): each vector
+  // of 32 is two half steps of 16 elements, a tdpbf16ps and a group each.
+  bool half_;
   int dw_ = 0;            // byte displacements of the block being emitted: weights,
   int64_t dx_ = 0;        // activations (elements),
   int ds_ = 0;            // scales
@@ -305,8 +316,8 @@ void TileBody::emit_data() {
   };
   for (int i = 0; i < 2; ++i) {
     set(tmm_c[i], kRows, 4 * key_.tokens);
-    set(tmm_a[i], kRows, 64);
-    set(tmm_b[i], kRows, 4 * key_.tokens);
+    set(tmm_a[i], kRows, a_colsb());
+    set(tmm_b[i], b_rows(), 4 * key_.tokens);
   }
   for (uint8_t b : cfg) db(b);
   align(64);
@@ -392,18 +403,21 @@ void TileBody::emit_step(int off, int cnt, int n) {
   }
   phase("tdp");
   const int group = shape_.block / shape_.groups;
-  for (int v = 0; v < nv; ++v) {
-    const Tmm& a = tmm_a[v % 2];
+  // Pieces of `span` elements: a vector, or half of one in half steps.
+  const int span = half_ ? 16 : 32, pieces = (cnt + span - 1) / span;
+  for (int p = 0; p < pieces; ++p) {
+    const int v = half_ ? p / 2 : p, h = half_ ? p % 2 : 0;
+    const Tmm& a = tmm_a[p % 2];
     if (direct) {
       const int64_t at = dw_ + dec_->elem_byte(off + 32 * v);
       for (int r = 0; r < kRows; ++r) prefetcht0(ptr[reg_wk + (r * row_bytes_ + at + kTileL1AheadBytes)]);
       t_load(a, reg_wk, at, reg_rb);
     } else
-      t_load(a, rsp, abuf_off(set_, v), reg_s64);
-    t_load(tmm_b[v % 2], reg_xk, x_chunk_at(off, v), reg_bs);
-    t_dp(tmm_c[cur_], a, tmm_b[v % 2]);
+      t_load(a, rsp, abuf_off(set_, v) + 32 * h, reg_s64);
+    t_load(tmm_b[p % 2], reg_xk, x_chunk_at(off, v) + h * 8 * b_row_bytes(), reg_bs);
+    t_dp(tmm_c[cur_], a, tmm_b[p % 2]);
     pending_ = true;
-    if (rule_ && (off + 32 * (v + 1)) % group == 0) flush_group((off + 32 * v) / group, n);
+    if (rule_ && (off + span * (p + 1)) % group == 0) flush_group((off + span * p) / group, n);
   }
   if (!direct) set_ ^= 1;
   phase("decode");
@@ -514,7 +528,7 @@ void TileBody::t_load(const Tmm& t, const Reg64& base, int64_t disp, const Reg64
   assert(base.getIdx() != reg_tmp.getIdx());
   const int64_t stride = stride_of(stride_reg);
   emu_save(colsb(t));
-  for (int r = 0; r < kRows; ++r) {
+  for (int r = 0; r < tile_rows(t); ++r) {
     vmovdqu32(e0 | e_k | T_z, ptr[base + (disp + r * stride)]);
     vmovups(ptr[rsp + emu_tile(t) + 64 * r], e0);
   }
@@ -536,8 +550,9 @@ void TileBody::t_store(const Reg64& base, int64_t disp, const Reg64& stride_reg,
   emu_restore();
 }
 
-// C[r][n] += A[r][2k] B[k][2n] + A[r][2k + 1] B[k][2n + 1] over the 16 pairs k
-// of each row r of A (16 rows of 32 bf16) and the n < M pair columns of B:
+// C[r][n] += A[r][2k] B[k][2n] + A[r][2k + 1] B[k][2n + 1] over the pairs k
+// of each row r of A (16 rows of 32 bf16, or 16 in half steps) and the n < M
+// pair columns of B:
 // per row of C, one vdpbf16ps per pair of A, broadcast, against B's row k.
 void TileBody::t_dp(const Tmm& c, const Tmm& a, const Tmm& b) {
   if (!emu_) {
@@ -549,7 +564,7 @@ void TileBody::t_dp(const Tmm& c, const Tmm& a, const Tmm& b) {
   xor_(reg_tmp.cvt32(), reg_tmp.cvt32());  // 64 x the row of C and A
   L(l_row);
   vmovups(e0, ptr[rsp + reg_tmp + emu_tile(c)]);
-  for (int k = 0; k < 16; ++k) {
+  for (int k = 0; k < colsb(a) / 4; ++k) {
     vpbroadcastd(e1, ptr[rsp + reg_tmp + emu_tile(a) + 4 * k]);
     vdpbf16ps(e0, e1, ptr[rsp + emu_tile(b) + 64 * k]);
   }

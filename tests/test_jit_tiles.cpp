@@ -48,7 +48,8 @@ const TileFormat kTileFormats[] = {
     {Format::bf16, 0},        {Format::fp8_block, 128}, {Format::fp8_block, 128, ScaleDtype::f32},
     {Format::mxfp8_e4m3, 32}, {Format::mxfp8_e4m3, 64}, {Format::mxfp8_e5m2, 128},
     {Format::mxfp8_e5m2, 32}, {Format::q8_0, 32},       {Format::q4_0, 32},
-    {Format::mxfp4, 32},      {Format::q4_K, 256},      {Format::q5_K, 256}};
+    {Format::mxfp4, 32},      {Format::nvfp4, 16},      {Format::q4_K, 256},
+    {Format::q5_K, 256}};
 
 std::string amx_missing() {
   if (jit::isa_available(jit::Isa::avx512_amx)) return "";
@@ -106,7 +107,7 @@ TEST_P(TileKernels, MatchFloat64ReferenceFromAnySlot) {
   moejit_test::Rng rng(151);
   int checked = 0;
   for (const TileFormat& t : kTileFormats)
-    for (int k : {1, 31, 32, 33, 64, 100, 128, 160, 256, 384, 1000, 2048}) {
+    for (int k : {1, 31, 32, 33, 48, 64, 100, 128, 160, 256, 384, 1000, 1008, 2048}) {
       if (!k_ok(t, k) || !runs_here(t)) continue;
       for (int rows : {1, 5, 16, 17, 40, 128}) {
         for (int tokens : {1, 2, 7, 16}) {
@@ -191,12 +192,12 @@ TEST_P(TileKernels, NeverReadPastTheMatrix) {
   if (!missing(GetParam()).empty()) GTEST_SKIP() << missing(GetParam());
   moejit_test::Rng rng(153);
   for (const TileFormat& t : kTileFormats)
-    for (int k : {33, 100, 1000, 1024}) {
+    for (int k : {33, 100, 1000, 1008, 1024}) {
       if (!k_ok(t, k) || !runs_here(t)) continue;
       for (int rows : {3, 16, 29}) {
         Bank b = make_bank(t.f, t.sdt, rows, k, rng, t.group ? t.group : 128);
-        const bool own_scales =
-            t.f == Format::mxfp8_e4m3 || t.f == Format::mxfp8_e5m2 || t.f == Format::mxfp4;
+        const bool own_scales = t.f == Format::mxfp8_e4m3 || t.f == Format::mxfp8_e5m2 ||
+                                t.f == Format::mxfp4 || t.f == Format::nvfp4;
         if (own_scales) {  // dense scale rows, so the last row's last group is the tensor's last byte
           b.layout.scale_stride = k / t.group;
           b.scales.assign(size_t(rows * k / t.group), 0);
@@ -216,6 +217,8 @@ TEST_P(TileKernels, NeverReadPastTheMatrix) {
         jit::GemvArgs a{};
         a.w = w.data();
         a.scales = b.scales.empty() ? nullptr : s.data();
+        if (fmt::is_kquant(key.format)) a.scales = a.w;  // the super-blocks hold the scales
+        a.row_scales = b.row_scales.empty() ? nullptr : b.row_scales.data();  // nvfp4's globals
         a.x = xp.data();
         a.y = y.data();
         a.w_prefetch = w.data();
@@ -239,7 +242,7 @@ TEST_P(TileKernels, UseTheTileUnit) {
               t.f == Format::bf16 || t.f == Format::fp8_block ? jit::Isa::avx512_amx : jit::Isa::avx512_bf16)
         << fmt::format_name(t.f) << " g" << t.group << ": docs/FORMATS.md says which formats run tiles";
   }
-  for (Format f : {Format::nvfp4, Format::q6_K, Format::q2_K, Format::q3_K}) {
+  for (Format f : {Format::q6_K, Format::q2_K, Format::q3_K}) {
     EXPECT_FALSE(jit::has_tile_kernels(f, fmt::default_group(f, 0))) << fmt::format_name(f);
     EXPECT_EQ(jit::kernel_isa(jit::Isa::avx512_amx, f, fmt::default_group(f, 0)), jit::Isa::avx512_bf16)
         << fmt::format_name(f) << ": docs/FORMATS.md says it runs the avx512_bf16 kernels on avx512_amx";
