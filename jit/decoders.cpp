@@ -69,7 +69,7 @@ std::unique_ptr<Decoder> make_tile_decoder(const KernelKey& key) {
   // Without VBMI: the decodes that need no byte table.
   if (key.flags & kFlagNoVbmi) {
     if (key.format == Format::bf16) return make_bf16_decoder(key);
-    if (key.format == Format::q4_K || key.format == Format::q5_K) return make_kquant_tile_decoder(key);
+    if (formats::is_kquant(key.format)) return make_kquant_tile_decoder(key);
     return key.format == Format::q4_0 ? make_q4_tile_decoder(key) : nullptr;
   }
   switch (key.format) {
@@ -82,7 +82,10 @@ std::unique_ptr<Decoder> make_tile_decoder(const KernelKey& key) {
     case Format::mxfp4:
     case Format::nvfp4: return make_e2m1_tile_decoder(key, make_byte_code_scale(key));
     case Format::q4_K:
-    case Format::q5_K: return make_kquant_tile_decoder(key);
+    case Format::q5_K:
+    case Format::q6_K:
+    case Format::q2_K:
+    case Format::q3_K: return make_kquant_tile_decoder(key);
     default: return nullptr;
   }
 }

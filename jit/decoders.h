@@ -54,8 +54,8 @@ std::unique_ptr<Decoder> make_q4_tile_decoder(const KernelKey& key);
 // GGUF K-quants (q4_K .. q3_K): super-blocks widened to fp32, each vector
 // times its sub-block's d sc[j], with the rule's min term (decode_kquant.cpp).
 std::unique_ptr<Decoder> make_kquant_decoder(const KernelKey& key);
-// q4_K and q5_K on avx512_amx: each sub-block one tile row of 32 bf16 quants
-// (natural order), its d sc[j] and dmin m[j] S_x per tile (decode_kquant_tile.cpp).
+// The K-quants on avx512_amx: each vector of 32 one tile row of bf16 quants
+// (natural order), d sc[j] (and dmin m[j] S_x) per sub-block (decode_kquant_tile.cpp).
 std::unique_ptr<Decoder> make_kquant_tile_decoder(const KernelKey& key);
 
 // ---- scale rules shared by several decodes (jit/scale_rules.cpp) ----
