@@ -207,8 +207,8 @@ class KQuantTileDecoder : public Decoder {
     set_block(kSuper);
   }
   std::string describe() const override {
-    return std::string(formats::format_name(key_.format)) +
-           " -> bf16 (vpmovzxbw, vpermw), tile buffer, tdpbf16ps; d sc[j] (and dmin m[j] S_x) per sub-block";
+    return "K-quant -> bf16 (vpmovzxbw, vpermw), tile buffer, tdpbf16ps; d sc[j] (and dmin m[j] S_x) per "
+           "sub-block";
   }
   int xsum_span() const override { return info_of(key_).has_mins ? info_of(key_).sub_block : 0; }
   int block_bytes() const override { return info_of(key_).block_bytes; }

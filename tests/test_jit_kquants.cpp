@@ -42,7 +42,10 @@ const Variant kVariants[] = {
     {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
     {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"},
     {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs, "avx512_bf16_pairs"},
-    {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs | jit::kFlagRowOrder, "avx512_bf16_pairs_row_order"}};
+    {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs | jit::kFlagRowOrder, "avx512_bf16_pairs_row_order"},
+    // The tile kernels (jit/decode_kquant_tile.cpp), on the tile unit and emulated.
+    {jit::Isa::avx512_amx, 0, "avx512_amx"},
+    {jit::Isa::avx512_amx, jit::kFlagTileEmu, "avx512_amx_emulated"}};
 
 // The formats a variant's kernels exist for.
 
@@ -82,10 +85,9 @@ Bank make_bank(KQuant f, int rows, int k, moejit_test::Rng& rng) {
 std::vector<float> run(const jit::Kernel& kern, const Bank& b, const std::vector<float>& x) {
   const jit::KernelKey& key = kern.key();
   const jit::XPrep prep = jit::x_prep(key.isa, key.format, key.flags);
-  const size_t vb = size_t(prep.vector_bytes(key.k));
-  std::vector<uint8_t> xp(vb * size_t(key.tokens), 0);
-  for (int m = 0; m < key.tokens; ++m)
-    prep.store(xp.data() + vb * size_t(m), 0, &x[size_t(m) * key.k], key.k);
+  std::vector<uint8_t> xp(size_t(prep.buffer_bytes(key.k, key.tokens)), 0);
+  for (int m = 0; m < key.tokens; ++m)  // slot m, or column m of a tile layout's run
+    prep.store_slot(xp.data(), prep.group_slot(0, key.tokens, m), key.k, 0, &x[size_t(m) * key.k], key.k);
   std::vector<float> y(size_t(key.rows) * size_t(key.tokens), -12345.0f);
   jit::GemvArgs a{};
   a.w = b.data();
@@ -130,14 +132,21 @@ std::shared_ptr<const jit::Kernel> kernel(const jit::KernelKey& key) {
 }
 
 bool pairs(const Variant& v) { return (v.flags & jit::kFlagBf16Pairs) != 0; }
+bool tiles(const Variant& v) { return v.isa == jit::Isa::avx512_amx; }
 // q4_K's and q5_K's fp32 lane decode (the avx512 tiers without kFlagBf16Pairs or kFlagNoGfni).
-bool lanes(const Variant& v) { return v.isa != jit::Isa::avx2 && !pairs(v) && !(v.flags & jit::kFlagNoGfni); }
+bool lanes(const Variant& v) {
+  return v.isa != jit::Isa::avx2 && !pairs(v) && !tiles(v) && !(v.flags & jit::kFlagNoGfni);
+}
 bool has_lanes(KQuant f) { return f == KQuant::q4_K || f == KQuant::q5_K; }
-// Whether a variant's f kernels scale sums of q x (the pairs, the lanes).
-bool sums_first(const Variant& v, KQuant f) { return pairs(v) || (has_lanes(f) && lanes(v)); }
+// Whether a variant's f kernels scale sums of q x (the pairs, the tiles, the lanes).
+bool sums_first(const Variant& v, KQuant f) { return pairs(v) || tiles(v) || (has_lanes(f) && lanes(v)); }
+// Whether they multiply bf16 (vdpbf16ps or tdpbf16ps), which flush.
+bool flushes(const Variant& v) { return pairs(v) || tiles(v); }
 // The pair decodes of q3_K, q4_K and q5_K and their lanes use GFNI (every AMD
-// CPU with AVX512_BF16 has it); the variant's tests run where all five generate.
+// CPU with AVX512_BF16 has it); the variant's tests run where all five
+// generate. The emulated tile unit runs on avx512_bf16.
 bool available(const Variant& v) {
+  if (v.flags & jit::kFlagTileEmu) return jit::isa_available(jit::Isa::avx512_bf16);
   return jit::isa_available(v.isa) && (!(pairs(v) || lanes(v)) || jit::host_features().gfni);
 }
 // Why a variant's tests skip here.
@@ -170,8 +179,8 @@ TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
       const std::vector<float> y = run(*kern, b, x);
       for (int m = 0; m < 2; ++m)
         for (int r = 0; r < rows; ++r)
-          ASSERT_TRUE(
-              matches(f, b.row(r), k, &x[size_t(m) * k], y[size_t(m) * rows + r], sums_first(v, f), pairs(v)))
+          ASSERT_TRUE(matches(f, b.row(r), k, &x[size_t(m) * k], y[size_t(m) * rows + r], sums_first(v, f),
+                              flushes(v)))
               << kern->key().name() << " token " << m << " row " << r;
     }
   }
@@ -243,7 +252,7 @@ TEST_P(KQuantKernels, EveryScaleByteValue) {
         std::memcpy(part.data(), b.row(r0), 64 * b.row_bytes);
         const std::vector<float> y = run(*kern, part, x);
         for (int i = 0; i < 64; ++i)
-          ASSERT_TRUE(matches(f, part.row(i), k, x.data(), y[size_t(i)], sums_first(v, f), pairs(v)))
+          ASSERT_TRUE(matches(f, part.row(i), k, x.data(), y[size_t(i)], sums_first(v, f), flushes(v)))
               << kern->key().name() << " byte " << byte << " of the second super-block = " << r0 + i;
       }
     }
@@ -274,7 +283,7 @@ TEST_P(KQuantKernels, ExtremeSuperBlockScales) {
         const std::vector<float> x = bf16_x(k, rng);
         const std::vector<float> y = run(*kern, b, x);
         for (int r = 0; r < rows; ++r)
-          ASSERT_TRUE(matches(f, b.row(r), k, x.data(), y[size_t(r)], sums_first(v, f), pairs(v)))
+          ASSERT_TRUE(matches(f, b.row(r), k, x.data(), y[size_t(r)], sums_first(v, f), flushes(v)))
               << kern->key().name() << " d " << std::hex << hd << " dmin " << hm << " row " << std::dec << r;
       }
   }
@@ -296,7 +305,7 @@ TEST(KQuantKernels, DecoderAndPreparedSums) {
       // The avx512 tiers' fp32 decode: vpermps tables of d sc[j] q, but q6_K's
       // conversion and FMA, and q4_K's and q5_K's lanes scaled per 128 elements
       // (kFlagNoGfni: the tables).
-      if (v.isa != jit::Isa::avx2 && !pairs(v)) {
+      if (v.isa != jit::Isa::avx2 && !pairs(v) && !tiles(v)) {
         const bool scaled_sums = has_lanes(f) && lanes(v);
         EXPECT_EQ(path.find("vpermps tables") != std::string::npos, f != KQuant::q6_K && !scaled_sums)
             << v.name << " " << name(f) << ": " << path;
@@ -306,7 +315,8 @@ TEST(KQuantKernels, DecoderAndPreparedSums) {
       const jit::XPrep prep = jit::x_prep(v.isa, moejit::formats::Format(int32_t(f)), v.flags);
       const fm::KQuantTraits t = fm::kquant_traits(f);
       EXPECT_EQ(prep.sums().span, t.has_mins ? t.sub_block_size : 0) << v.name << " " << name(f);
-      EXPECT_EQ(prep.elem_bytes(), pairs(v) ? 2u : 4u) << v.name << " " << name(f);
+      EXPECT_EQ(prep.elem_bytes(), pairs(v) || tiles(v) ? 2u : 4u) << v.name << " " << name(f);
+      EXPECT_EQ(prep.tiled(), tiles(v)) << v.name << " " << name(f);
     }
   }
 }
