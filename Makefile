@@ -98,7 +98,7 @@ fuzz: fuzz-deps
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=$(FUZZ_CC) -DCMAKE_CXX_COMPILER=$(FUZZ_CXX) \
 	  -DCMAKE_BUILD_TYPE=$(SAN_TYPE) -DMOEJIT_SANITIZE=address,undefined -DMOEJIT_FUZZ=ON \
 	  -DMOEJIT_BUILD_BENCH=OFF -DMOEJIT_BUILD_TOOLS=OFF
-	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_formats fuzz_capi fuzz_formats_replay fuzz_capi_replay
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_formats fuzz_capi fuzz_tiles fuzz_formats_replay fuzz_capi_replay fuzz_tiles_replay
 	tests/fuzz/run_fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 format:

@@ -6,8 +6,6 @@
 // decode, a float64 row with sum(|d sc q x| + |dmin m x|), and test data.
 #pragma once
 
-#include <gtest/gtest.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -9,6 +9,8 @@
 //    sum(|d sc q x| + |dmin m x|).
 // The quantizers are in test_kquants_quantize.cpp; gguf-py and ggml's
 // quantizers are the references of crosscheck_kquants.
+#include <gtest/gtest.h>
+
 #include "kquants_test_util.h"
 #include "rng.h"
 

@@ -2,6 +2,8 @@
 // trip error, the nearest-level and scale-range properties of that algorithm,
 // zero blocks, independence of rows and blocks, non-finite inputs, argument
 // checks. Their bytes are compared with ggml's in crosscheck_kquants.
+#include <gtest/gtest.h>
+
 #include "kquants_test_util.h"
 #include "rng.h"
 

@@ -11,7 +11,7 @@ set -u
 build=$1
 seconds=$2
 shift 2
-harnesses=${*:-formats capi}
+harnesses=${*:-formats capi tiles}
 src=$(cd "$(dirname "$0")" && pwd)
 status=0
 summary=""
