@@ -112,8 +112,9 @@ std::string decode_path(Isa isa, formats::Format format, uint32_t flags);
 inline constexpr int kNearPrefetchBytes = 6144;
 
 // Whether avx512_amx kernels exist for a format (a tile decode, jit/decoders.cpp):
-// bf16, fp8_block, mxfp8, q8_0, q4_0 and mxfp4. They can be generated and are tested
-// whichever kernels the layers run (kernel_isa).
+// every format has them (with AVX512_VBMI forced off, bf16, q4_0 and the
+// K-quants). They can be generated and are tested whichever kernels the layers
+// run (kernel_isa).
 bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags = 0);
 
 // The tier whose kernels a context of tier `tier` runs for a format (group:
