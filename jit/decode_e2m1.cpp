@@ -4,8 +4,9 @@
 // - bf16 (avx512_bf16): 64 bytes -> 4 vectors of 32 bf16 through shifts and
 //   vpermw (XLayout::bf16_nib128, AVX512BW only); the row body widens each
 //   row's group scales to fp32 on the stack in batches of rows (WidenedRowScale).
-// - mxfp4 on tiles (avx512_amx): each group of 32 one vector of 32 bf16 in
-//   natural order, a tile row (E2m1TileDecoder).
+// - mxfp4 and nvfp4 on tiles (avx512_amx): each 32 elements one vector of 32
+//   bf16 in natural order, a tile row (E2m1TileDecoder; nvfp4's groups of 16
+//   are the tile body's half steps).
 #include <algorithm>
 
 #include "formats/formats.h"

@@ -394,6 +394,7 @@ void TileBody::emit_block(int /*j*/, int n_elems, int n) {
 // rows, and its tile products; a scale group ends after its last vector.
 void TileBody::emit_step(int off, int cnt, int n) {
   const bool direct = dec_->tile_direct() && n == kRows && cnt == shape_.step;
+  assert(!(direct && half_));      // A read in place is whole vectors (bf16: unscaled)
   const int nv = (cnt + 31) / 32;  // vectors holding elements (natural order in each chunk)
   while (pf_next_ <= dw_ + dec_->elem_byte(off) && pf_next_ < pf_span_) emit_prefetch(n);
   if (!direct) {

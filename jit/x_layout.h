@@ -67,7 +67,8 @@ inline size_t x_elem_bytes(XLayout l) {
 // for the term - dmin m[j] S_x). After every `block` elements (a multiple of
 // 128) the prepared vector holds one 64-byte vector of the fp32 sums of its
 // block / span (at most 16) sub-blocks of `span` elements, each summed in k
-// order, zeros above: computed once per token, read by every row.
+// order, zeros above: computed once per token, read by every row. (Tile
+// layouts interleave a run's sums per sub-block instead: XPrep, below.)
 struct XSums {
   int span = 0;  // 0: no sums
   int block = 0;

@@ -1,4 +1,5 @@
-// White-box tests of the K-quant kernels (jit/decode_kquant.cpp): every format
+// White-box tests of the K-quant kernels (jit/decode_kquant.cpp, and the tile
+// kernels of jit/decode_kquant_tile.cpp on the tile unit and emulated): every format
 // on every tier this CPU has, called directly, against float64 from the
 // per-bit decoder of kquants_test_util.h (written from the layout tables, not
 // from formats/kquants.cpp), with the bound sum(|d sc q x| + |dmin m x|) of
@@ -160,7 +161,9 @@ class KQuantKernels : public ::testing::TestWithParam<Variant> {};
 
 // Rows whose factor records would not fit the kernel's area (over 16 KiB:
 // 2 x the row's bytes) decode each block's factors at its first step instead
-// of all at the row's start: both sides of that boundary.
+// of all at the row's start: both sides of that boundary. (The tile kernels
+// unpack each block's factors at its first group whatever the row's length:
+// for them these are long rows against float64.)
 TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
   const Variant v = GetParam();
   if (!available(v)) GTEST_SKIP() << lacks(v);
@@ -189,7 +192,9 @@ TEST_P(KQuantKernels, LongRowsBothFactorPaths) {
 // K-chunked kernels (jit/row_body.cpp: a call's prepared x above 48 KiB, here
 // 4 and 5 tokens at K = 7168, fp32 x or bf16 pairs with their two running
 // totals) give each token the bits of the same token alone (one token is
-// never chunked): batch invariance across the chunked order of rows.
+// never chunked): batch invariance across the chunked order of rows. The tile
+// kernels are never chunked; for them this checks a run of 4 and 5 tokens
+// against each token alone at a long K.
 TEST_P(KQuantKernels, ChunkedCallsKeepEachTokensBits) {
   const Variant v = GetParam();
   if (!available(v)) GTEST_SKIP() << lacks(v);

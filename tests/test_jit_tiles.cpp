@@ -108,7 +108,7 @@ TEST_P(TileKernels, MatchFloat64ReferenceFromAnySlot) {
   moejit_test::Rng rng(151);
   int checked = 0;
   for (const TileFormat& t : kTileFormats)
-    for (int k : {1, 31, 32, 33, 48, 64, 100, 128, 160, 256, 384, 1000, 1008, 2048}) {
+    for (int k : {1, 16, 31, 32, 33, 48, 64, 100, 128, 160, 256, 384, 1000, 1008, 2048}) {
       if (!k_ok(t, k) || !runs_here(t)) continue;
       for (int rows : {1, 5, 16, 17, 40, 128}) {
         for (int tokens : {1, 2, 7, 16}) {
@@ -188,12 +188,13 @@ class Guarded {
 
 // Row tails (the last row block's missing rows) and K tails (the last row's
 // end) read nothing past the matrix: the weights end at a guard page, and so
-// do the scales of the formats with one scale row per weight row.
+// do the scales of the formats with one scale row per weight row, and the
+// prepared activations of the call's run.
 TEST_P(TileKernels, NeverReadPastTheMatrix) {
   if (!missing(GetParam()).empty()) GTEST_SKIP() << missing(GetParam());
   moejit_test::Rng rng(153);
   for (const TileFormat& t : kTileFormats)
-    for (int k : {33, 100, 1000, 1008, 1024}) {
+    for (int k : {16, 33, 100, 256, 1000, 1008, 1024}) {
       if (!k_ok(t, k) || !runs_here(t)) continue;
       for (int rows : {3, 16, 29}) {
         Bank b = make_bank(t.f, t.sdt, rows, k, rng, t.group ? t.group : 128);
@@ -213,14 +214,20 @@ TEST_P(TileKernels, NeverReadPastTheMatrix) {
         std::memcpy(w.data(), b.w.data(), b.w.size());
         if (!b.scales.empty()) std::memcpy(s.data(), b.scales.data(), b.scales.size());
         const std::vector<float> x = random_x(3, k, rng);
-        std::vector<uint8_t> xp = prepare_x(key, x);
+        // x too: the run's 3 tokens (with the K-quants' sums after each block) end at the page
+        const jit::XPrep prep = jit::x_prep(key.isa, key.format, key.flags);
+        Guarded xg(size_t(prep.buffer_bytes(k, 3)));
+        ASSERT_TRUE(xg.data());
+        std::memset(xg.data(), 0, size_t(prep.buffer_bytes(k, 3)));
+        for (int m = 0; m < 3; ++m)
+          prep.store_slot(xg.data(), prep.group_slot(0, 3, m), k, 0, &x[size_t(m) * size_t(k)], k);
         std::vector<float> y(size_t(rows) * 3);
         jit::GemvArgs a{};
         a.w = w.data();
         a.scales = b.scales.empty() ? nullptr : s.data();
         if (fmt::is_kquant(key.format)) a.scales = a.w;  // the super-blocks hold the scales
         a.row_scales = b.row_scales.empty() ? nullptr : b.row_scales.data();  // nvfp4's globals
-        a.x = xp.data();
+        a.x = xg.data();
         a.y = y.data();
         a.w_prefetch = w.data();
         kern->fn()(&a);
@@ -267,16 +274,59 @@ TEST_P(TileKernels, UseTheTileUnit) {
 
 // Issue 15: the tile tier has kernels for every format, with every group the
 // format takes (ds_fp4 through mxfp4's kernels, fmt::kernel_format).
-TEST(TileKernelsEmulated, EveryFormatHasThem) {
+// The emulation takes its tile shapes from the same place as the palette, so
+// only the palette's own bytes can show a shape the tile unit would refuse:
+// each kernel's palette (the one 64-byte block of palette id 1 in its code)
+// must pair A tiles of 16 rows and 32 or 64 bytes with B tiles of colsb / 4
+// rows, and C and B rows of 4 M bytes. Generated on any CPU (run_here false).
+TEST(TileTier, EveryFormatAndGroupHasKernelsWithAValidPalette) {
+  int checked = 0;
   for (int32_t id = 0; id <= fmt::kMaxFormatId; ++id) {
-    const fmt::FormatInfo& fi = fmt::info(Format(id));
+    const Format f = fmt::kernel_format(Format(id));
+    const fmt::FormatInfo& fi = fmt::info(f);
     std::vector<int> groups;
     for (int n = 0; n < 32; ++n)
       if ((fi.api_groups >> n) & 1u) groups.push_back(1 << n);
     if (groups.empty()) groups.push_back(fi.group);
     for (int g : groups)
-      EXPECT_TRUE(jit::has_tile_kernels(fmt::kernel_format(Format(id)), g)) << fi.name << " g" << g;
+      for (int tokens : {1, 3, 16}) {
+        EXPECT_TRUE(jit::has_tile_kernels(f, g)) << fi.name << " g" << g;
+        jit::KernelKey key = make_key(kAmx, f, ScaleDtype::bf16, 2048, 20, tokens, g, 2048 / std::max(g, 1));
+        key.group = fi.scales == fmt::ScaleKind::none ? 0 : g;
+        std::string err;
+        const auto kern = jit::generate_gemv(key, &err, /*run_here=*/false);
+        ASSERT_TRUE(kern) << key.name() << ": " << err;
+        ASSERT_EQ(kern->key().isa, jit::Isa::avx512_amx) << key.name();
+        const uint8_t* pal = nullptr;
+        for (size_t off = 0; off + 64 <= kern->code_size(); off += 64) {
+          const uint8_t* p = kern->code() + off;
+          bool zeros = true;  // reserved bytes, and tiles 6 and 7 unused
+          for (int i = 1; i < 16; ++i) zeros &= p[i] == 0;
+          for (int i = 28; i < 32; ++i) zeros &= p[i] == 0;
+          for (int i = 54; i < 64; ++i) zeros &= p[i] == 0;
+          if (p[0] != 1 || !zeros || p[48] == 0) continue;
+          EXPECT_EQ(pal, nullptr) << key.name() << ": two palettes";
+          pal = p;
+        }
+        ASSERT_NE(pal, nullptr) << key.name() << ": no palette";
+        auto colsb = [&](int t) { return pal[16 + 2 * t] | pal[17 + 2 * t] << 8; };
+        auto rows = [&](int t) { return int(pal[48 + t]); };
+        for (int i = 0; i < 2; ++i) {  // C = tile i, A = tile 2 + i, B = tile 4 + i
+          const int c = i, a = 2 + i, b = 4 + i;
+          EXPECT_EQ(rows(c), 16) << key.name();
+          EXPECT_EQ(rows(a), 16) << key.name();
+          EXPECT_TRUE(colsb(a) == 64 || colsb(a) == 32) << key.name() << " A colsb " << colsb(a);
+          EXPECT_EQ(rows(b), colsb(a) / 4) << key.name() << ": B rows must be A's pairs";
+          EXPECT_EQ(colsb(b), 4 * tokens) << key.name();
+          EXPECT_EQ(colsb(c), 4 * tokens) << key.name();
+          // groups of 16 take half steps
+          const int group = fi.scales == fmt::ScaleKind::inline_super ? 256 / fi.sub_block : g;
+          EXPECT_EQ(colsb(a), group == 16 ? 32 : 64) << key.name();
+        }
+        ++checked;
+      }
   }
+  EXPECT_GE(checked, 3 * 15);
 }
 
 // The emulation is a test mode of avx512_amx only, and names itself in the key.
