@@ -174,12 +174,12 @@ bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags) {
   return make_tile_decoder(key) != nullptr;
 }
 
-Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags) {
+Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags, bool all_tiles) {
   if (tier != Isa::avx512_amx) return kernel_isa(tier);
   // The layers' choice (gemv.h): tiles for bf16 (no decode) and fp8_block (one
-  // scale per 16 rows x 128).
-  const bool tiles =
-      (format == Format::bf16 || format == Format::fp8_block) && has_tile_kernels(format, group, flags);
+  // scale per 16 rows x 128), or for every format where asked.
+  const bool tiles = (all_tiles || format == Format::bf16 || format == Format::fp8_block) &&
+                     has_tile_kernels(format, group, flags);
   return tiles ? tier : kernel_isa(tier);
 }
 

@@ -128,8 +128,9 @@ bool has_tile_kernels(formats::Format format, int32_t group, uint32_t flags = 0)
 // and from 64 tokens they lead (fp8_block 1.25x at 64, 2.45x at 256); q8_0's
 // and mxfp8's tile kernels read 8-19% less up to 16 tokens. Batch invariance
 // needs one choice per format and shape, never per token count, so the choice
-// is the decode's.
-Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags = 0);
+// is the decode's. `all_tiles` (a context created with MOEJIT_TILES=all) runs
+// the tile kernels for every format that has them.
+Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags = 0, bool all_tiles = false);
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU
 // (kFlagNoVbmi where the byte tables cannot be used; kFlagLinePrefetch for

@@ -47,6 +47,21 @@ bool parse_isa_env(moejit_isa* cap, moejit_status* st, const char* fn) {
   return false;
 }
 
+// MOEJIT_TILES: unset or empty, each format's choice of kernels on
+// avx512_amx (jit::kernel_isa); "all", tile kernels for every format.
+bool parse_tiles_env(bool* all, moejit_status* st, const char* fn) {
+  const char* v = std::getenv("MOEJIT_TILES");
+  *all = false;
+  if (!v || !*v) return true;
+  if (std::strcmp(v, "all") == 0) {
+    *all = true;
+    return true;
+  }
+  *st =
+      fail(MOEJIT_INVALID_ARGUMENT, fn, "environment MOEJIT_TILES = \"%.64s\" is not \"all\" (or empty)", v);
+  return false;
+}
+
 moejit_isa host_isa_c() { return static_cast<moejit_isa>(moejit::jit::host_isa()); }
 
 moejit_status context_create(const moejit_context_desc* desc, moejit_context** out) {
@@ -85,6 +100,8 @@ moejit_status context_create(const moejit_context_desc* desc, moejit_context** o
   }
   moejit_isa env_cap;
   if (!parse_isa_env(&env_cap, &st, fn)) return st;
+  bool all_tiles;
+  if (!parse_tiles_env(&all_tiles, &st, fn)) return st;
   const moejit_isa host = host_isa_c();
   if (desc->max_isa > host)
     return fail(MOEJIT_UNSUPPORTED, fn, "desc->max_isa = %s is above this CPU's best tier %s%s%s",
@@ -107,7 +124,7 @@ moejit_status context_create(const moejit_context_desc* desc, moejit_context** o
   const char* debug_env = std::getenv("MOEJIT_DEDUP_DEBUG");
   const bool dedup_debug = debug_env && std::strcmp(debug_env, "1") == 0;
   h->impl = std::make_shared<moejit::Context>(threads, cpus, static_cast<moejit::jit::Isa>(isa), desc->flags,
-                                              dedup, dedup_debug);
+                                              dedup, dedup_debug, all_tiles);
   if (!h->impl->ok()) return fail(MOEJIT_OUT_OF_MEMORY, fn, "could not start %d worker threads", threads);
   *out = h.release();
   return MOEJIT_OK;

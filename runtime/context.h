@@ -13,14 +13,17 @@ namespace moejit {
 
 class Context {
  public:
-  // `dedup` and `dedup_debug` come from MOEJIT_DEDUP / MOEJIT_DEDUP_DEBUG, read at creation.
+  // `dedup` and `dedup_debug` come from MOEJIT_DEDUP / MOEJIT_DEDUP_DEBUG, and
+  // `all_tiles` from MOEJIT_TILES, read at creation.
   Context(int num_threads, const std::vector<int>& cpus, jit::Isa isa, uint32_t flags, bool dedup,
-          bool dedup_debug);
+          bool dedup_debug, bool all_tiles = false);
   bool ok() const { return pool_.ok(); }
   jit::Isa isa() const { return isa_; }
   uint32_t flags() const { return flags_; }
   bool dedup_enabled() const { return dedup_; }
   bool dedup_debug() const { return dedup_debug_; }
+  // avx512_amx: the layers run tile kernels for every format (plan::Target::all_tiles).
+  bool all_tiles() const { return all_tiles_; }
   int num_threads() const { return pool_.size(); }
 
   // Claims the context for one task; false when one is already in flight.
@@ -42,6 +45,7 @@ class Context {
   uint32_t flags_;
   bool dedup_;
   bool dedup_debug_;
+  bool all_tiles_;
   bool pinned_;  // cpu_ids given: every participant is a pinned pool thread
   enum : uint32_t { kIdle = 0, kAcquired = 1, kLaunched = 2 };
   std::atomic<uint32_t> state_{kIdle};

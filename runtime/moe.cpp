@@ -23,6 +23,7 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   target.isa = m->ctx_->isa();
   target.threads = m->ctx_->num_threads();
   target.dedup = m->dedup_;
+  target.all_tiles = m->ctx_->all_tiles();
   plan::MoeShape shape;
   shape.gate = cfg.gate;
   shape.up = cfg.up;

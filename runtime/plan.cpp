@@ -57,7 +57,7 @@ MatrixPlan matrix_plan(const Target& t, const ProjFormat& f, int64_t rows, int64
   l.scale_stride = scale_stride > 0 ? scale_stride : formats::scale_cols(f.format, l.group, k);
   // The tier of the kernels: the context's, or the vector tier it runs for
   // formats it does not run its own kernels for (avx512_amx: jit::kernel_isa).
-  m.isa = jit::kernel_isa(t.isa, l.format, l.group, t.no_vbmi ? jit::kFlagNoVbmi : 0);
+  m.isa = jit::kernel_isa(t.isa, l.format, l.group, t.no_vbmi ? jit::kFlagNoVbmi : 0, t.all_tiles);
   // kFlagNoVbmi where the CPU lacks AVX512_VBMI, or where asked to.
   m.flags = jit::runtime_flags(m.isa, l.format, l.group, t.cpu ? *t.cpu : jit::host_features());
   if (t.no_vbmi && jit::needs_vbmi(m.isa, l.format, 0)) m.flags |= jit::kFlagNoVbmi;

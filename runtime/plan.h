@@ -25,9 +25,10 @@ struct ProjFormat {
 // one input that is not the caller's.
 struct Target {
   jit::Isa isa = jit::Isa::avx2;
-  int32_t threads = 1;   // workers of the context: row blocks keep every worker busy
-  bool dedup = true;     // one kernel call per expert with all of its routes (MoE)
-  bool no_vbmi = false;  // force jit::kFlagNoVbmi where a decode would use AVX512_VBMI
+  int32_t threads = 1;     // workers of the context: row blocks keep every worker busy
+  bool dedup = true;       // one kernel call per expert with all of its routes (MoE)
+  bool no_vbmi = false;    // force jit::kFlagNoVbmi where a decode would use AVX512_VBMI
+  bool all_tiles = false;  // avx512_amx: tile kernels for every format (MOEJIT_TILES=all; jit::kernel_isa)
   // The CPU whose choices the kernels' flags make (jit::runtime_flags), null:
   // this host. moejit-dump --cpu plans another vendor's kernels with it.
   const jit::CpuFeatures* cpu = nullptr;

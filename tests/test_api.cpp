@@ -301,6 +301,28 @@ TEST_F(Api, EnvInvalidValues) {
   }
 }
 
+// MOEJIT_TILES: unset, empty or "all"; anything else fails the create,
+// naming the variable, and nothing is created. "all" takes effect on
+// avx512_amx only (tests/test_tools.cpp, Plan.AllTilesRunsEveryFormatsTileKernels):
+// a context of another tier is the same.
+TEST_F(Api, TilesEnvIsAllOrNothing) {
+  for (const char* v : {"bogus", "ALL", "1", "all ", "none"}) {
+    SCOPED_TRACE(std::string("MOEJIT_TILES=\"") + v + "\"");
+    setenv("MOEJIT_TILES", v, 1);
+    expect_context_fails(context_desc(MOEJIT_ISA_AUTO, 1), MOEJIT_INVALID_ARGUMENT, "MOEJIT_TILES");
+    unsetenv("MOEJIT_TILES");
+  }
+  for (const char* v : {"", "all"}) {
+    setenv("MOEJIT_TILES", v, 1);
+    moejit_context* ctx = nullptr;
+    const moejit_context_desc d = context_desc(MOEJIT_ISA_AUTO, 1);
+    EXPECT_EQ(moejit_context_create(&d, &ctx), MOEJIT_OK) << v << ": " << moejit_last_error();
+    EXPECT_EQ(moejit_context_isa(ctx), moejit_host_isa()) << v;
+    moejit_context_destroy(ctx);
+    unsetenv("MOEJIT_TILES");
+  }
+}
+
 TEST_F(Api, EnvIsReadAtEveryCreate) {
   const moejit_isa host = moejit_host_isa();
   // A context keeps the tier it was created with; the next create reads the

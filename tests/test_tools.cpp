@@ -380,6 +380,36 @@ TEST(Plan, Bf16LinePrefetchFollowsTheCpu) {
   }
 }
 
+// On avx512_amx the plan runs tile kernels for bf16 and fp8_block and the
+// avx512_bf16 kernels for the other formats; with Target::all_tiles
+// (MOEJIT_TILES=all) tile kernels for every format, their keys on the tile
+// tier, with that tier's flags. Other tiers ignore it.
+TEST(Plan, AllTilesRunsEveryFormatsTileKernels) {
+  for (int32_t id = 0; id <= moejit::formats::kMaxFormatId; ++id) {
+    const Format f = Format(id);
+    for (bool all : {false, true}) {
+      plan::Target t;
+      t.isa = jit::Isa::avx512_amx;
+      t.all_tiles = all;
+      const plan::MatrixPlan m = plan::matrix_plan(t, {f}, 64, 2048, 0);
+      const bool tiles = all || m.layout.format == Format::bf16 || m.layout.format == Format::fp8_block;
+      EXPECT_EQ(m.isa, tiles ? jit::Isa::avx512_amx : jit::Isa::avx512_bf16)
+          << moejit::formats::format_name(f) << " " << all;
+      EXPECT_EQ(m.key(16, 1).isa, m.isa) << moejit::formats::format_name(f);
+      EXPECT_EQ(m.flags & jit::kFlagBf16Pairs, tiles ? 0u : m.flags & jit::kFlagBf16Pairs)
+          << moejit::formats::format_name(f);
+      std::string why;
+      EXPECT_TRUE(jit::gemv_supported(m.key(16, 3), &why, /*run_here=*/false))
+          << moejit::formats::format_name(f) << ": " << why;
+    }
+    plan::Target t;
+    t.isa = jit::Isa::avx512_bf16;
+    t.all_tiles = true;
+    EXPECT_EQ(plan::matrix_plan(t, {f}, 64, 2048, 0).isa, jit::Isa::avx512_bf16)
+        << moejit::formats::format_name(f);
+  }
+}
+
 // A plan for another vendor's CPU (plan::Target::cpu, moejit-dump --cpu) takes
 // that vendor's flags: on Intel bf16's line prefetch, q2_K's and q4_K's fp32
 // decodes and the pair kernels' row order (q6_K's); on AMD none of them and

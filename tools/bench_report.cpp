@@ -185,6 +185,7 @@ class JsonReporter : public Reporter {
                    {"routing", routing_label(run.routing)},
                    {"zipf_s", run.zipf_s}};
     if (run.peer == PeerKind::onednn) doc_["run"]["omp_wait_policy"] = m.omp_wait_policy;
+    if (!m.tiles_env.empty()) doc_["run"]["moejit_tiles"] = m.tiles_env;
     doc_["formats"] = Json::array();
     doc_["cases"] = Json::array();
   }

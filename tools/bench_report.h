@@ -42,6 +42,7 @@ struct MachineInfo {
   std::vector<ProbeChoice> dram_choice;           // per thread count
   std::vector<std::pair<int, double>> dram_gbps;  // (threads, GB/s): dram_choice's gbps
   std::string dedup_env;                          // MOEJIT_DEDUP as set in the environment, "" if unset
+  std::string tiles_env;                          // MOEJIT_TILES as set in the environment, "" if unset
   std::string omp_wait_policy;                    // OMP_WAIT_POLICY (the oneDNN peer's threads), "" if unset
 };
 

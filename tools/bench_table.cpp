@@ -74,6 +74,10 @@ class TableReporter : public Reporter {
     if (!m.dedup_env.empty())
       std::printf("note: MOEJIT_DEDUP=%s in the environment%s\n", m.dedup_env.c_str(),
                   m.dedup_env == "0" ? ": every context runs without dedup, the 'on' arm included" : "");
+    if (!m.tiles_env.empty())
+      std::printf(
+          "note: MOEJIT_TILES=%s in the environment: avx512_amx contexts run tile kernels for every format\n",
+          m.tiles_env.c_str());
     if (run.peer == PeerKind::onednn)
       std::printf("note: oneDNN runs on OpenMP threads, OMP_WAIT_POLICY=%s\n",
                   m.omp_wait_policy.empty()

@@ -136,6 +136,7 @@ MachineInfo describe_machine(const Config& c, DramProbe& dram) {
     m.dram_gbps.emplace_back(t, choice.gbps);
   }
   if (const char* env = std::getenv("MOEJIT_DEDUP"); env && *env) m.dedup_env = env;
+  if (const char* env = std::getenv("MOEJIT_TILES"); env && *env) m.tiles_env = env;
   if (const char* env = std::getenv("OMP_WAIT_POLICY"); env && *env) m.omp_wait_policy = env;
   return m;
 }

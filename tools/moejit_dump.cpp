@@ -261,6 +261,8 @@ int run_layer(const Args& a, Format f, Isa isa) {
   plan::Target target;
   const char* dedup_env = std::getenv("MOEJIT_DEDUP");
   target.dedup = !a.no_dedup && !(dedup_env && std::strcmp(dedup_env, "0") == 0);
+  const char* tiles_env = std::getenv("MOEJIT_TILES");  // as a context created now would plan
+  target.all_tiles = tiles_env && std::strcmp(tiles_env, "all") == 0;
   target.isa = isa;
   target.no_vbmi = a.no_vbmi;
   const moejit::jit::CpuFeatures cpu = cpu_features(a.cpu);

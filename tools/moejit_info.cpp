@@ -161,8 +161,10 @@ std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) 
   namespace J = moejit::jit;
   const moejit::formats::Format kf = moejit::formats::kernel_format(f);
   const J::Isa tier = J::Isa(int(isa));
+  const char* tiles_env = std::getenv("MOEJIT_TILES");  // what a context created now runs
+  const bool all_tiles = tiles_env && std::strcmp(tiles_env, "all") == 0;
   const J::Isa kernels =
-      J::kernel_isa(tier, kf, moejit::formats::default_group(f, 0), vbmi ? 0 : J::kFlagNoVbmi);
+      J::kernel_isa(tier, kf, moejit::formats::default_group(f, 0), vbmi ? 0 : J::kFlagNoVbmi, all_tiles);
   uint32_t flags = kernels == J::Isa::avx512_bf16 && !vbmi ? J::kFlagNoVbmi : 0;
   // The K-quants' bf16 pairs where the runtime asks for them (AMD; all but q2_K and q4_K on Intel).
   flags |= J::runtime_flags(kernels, kf, moejit::formats::default_group(f, 0)) & J::kFlagBf16Pairs;
@@ -231,8 +233,8 @@ std::vector<FormatTier> format_tiers(std::string* context_error, std::string* co
   return r;
 }
 
-const char* const kEnvVars[] = {"MOEJIT_MAX_ISA", "MOEJIT_DEDUP", "MOEJIT_DEDUP_DEBUG", "MOEJIT_DUMP_DIR",
-                                "MOEJIT_PERF_MAP"};
+const char* const kEnvVars[] = {"MOEJIT_MAX_ISA", "MOEJIT_DEDUP",    "MOEJIT_DEDUP_DEBUG",
+                                "MOEJIT_TILES",   "MOEJIT_DUMP_DIR", "MOEJIT_PERF_MAP"};
 
 // What a value of each variable does (runtime/capi.cpp, jit/kernel_dump.cpp).
 std::string env_effect(const std::string& name, const char* v) {
@@ -241,6 +243,9 @@ std::string env_effect(const std::string& name, const char* v) {
   if (name == "MOEJIT_DEDUP") return set && std::strcmp(v, "0") == 0 ? "expert dedup off" : "expert dedup on";
   if (name == "MOEJIT_DEDUP_DEBUG")
     return set && std::strcmp(v, "1") == 0 ? "one stderr line per MoE call" : "off";
+  if (name == "MOEJIT_TILES")
+    return set && std::strcmp(v, "all") == 0 ? "avx512_amx: tile kernels for every format"
+                                             : "avx512_amx: each format's kernels (docs/FORMATS.md)";
   if (name == "MOEJIT_DUMP_DIR") return set ? std::string("new kernels written to ") + v : "off";
   if (name == "MOEJIT_PERF_MAP")
     return set && std::strcmp(v, "1") == 0 ? "new kernels appended to /tmp/perf-<pid>.map" : "off";
