@@ -78,8 +78,9 @@ constexpr uint32_t kFlagNoGfni = 16;
 // instruction as AVX512_BF16 code on tile registers kept in its stack frame
 // (jit/tile_body.cpp, "the emulated tile unit"), so the kernel runs wherever
 // avx512_bf16 does. It checks the body's addressing, buffers, scales, tails
-// and batch invariance, not the tile unit's own rounding. The runtime never
-// sets it; other tiers reject it.
+// and batch invariance, not the tile unit's own rounding. The runtime sets it
+// only for a Context built with the test-only tile_emu (no API reaches it);
+// other tiers reject it.
 constexpr uint32_t kFlagTileEmu = 32;
 
 // Whether a kernel's decode uses AVX512_VBMI: the vpermi2b byte tables of

@@ -3,13 +3,14 @@
 namespace moejit {
 
 Context::Context(int num_threads, const std::vector<int>& cpus, jit::Isa isa, uint32_t flags, bool dedup,
-                 bool dedup_debug, bool all_tiles)
+                 bool dedup_debug, bool all_tiles, bool tile_emu)
     : pool_(num_threads, cpus),
       isa_(isa),
       flags_(flags),
       dedup_(dedup),
       dedup_debug_(dedup_debug),
       all_tiles_(all_tiles),
+      tile_emu_(tile_emu),
       pinned_(!cpus.empty()) {}
 
 bool Context::try_acquire(const void* owner) {

@@ -15,8 +15,11 @@ class Context {
  public:
   // `dedup` and `dedup_debug` come from MOEJIT_DEDUP / MOEJIT_DEDUP_DEBUG, and
   // `all_tiles` from MOEJIT_TILES, read at creation.
+  // `tile_emu` (tests only; no API sets it): the avx512_amx kernels run on the
+  // emulated tile unit (jit::kFlagTileEmu), so a context of that tier works on
+  // any avx512_bf16 CPU.
   Context(int num_threads, const std::vector<int>& cpus, jit::Isa isa, uint32_t flags, bool dedup,
-          bool dedup_debug, bool all_tiles = false);
+          bool dedup_debug, bool all_tiles = false, bool tile_emu = false);
   bool ok() const { return pool_.ok(); }
   jit::Isa isa() const { return isa_; }
   uint32_t flags() const { return flags_; }
@@ -24,6 +27,7 @@ class Context {
   bool dedup_debug() const { return dedup_debug_; }
   // avx512_amx: the layers run tile kernels for every format (plan::Target::all_tiles).
   bool all_tiles() const { return all_tiles_; }
+  bool tile_emu() const { return tile_emu_; }
   int num_threads() const { return pool_.size(); }
 
   // Claims the context for one task; false when one is already in flight.
@@ -46,6 +50,7 @@ class Context {
   bool dedup_;
   bool dedup_debug_;
   bool all_tiles_;
+  bool tile_emu_;
   bool pinned_;  // cpu_ids given: every participant is a pinned pool thread
   enum : uint32_t { kIdle = 0, kAcquired = 1, kLaunched = 2 };
   std::atomic<uint32_t> state_{kIdle};

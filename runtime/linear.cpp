@@ -19,6 +19,7 @@ moejit_status LinearLayer::create(std::shared_ptr<Context> ctx, const LinearConf
   target.isa = l->ctx_->isa();
   target.threads = l->ctx_->num_threads();
   target.all_tiles = l->ctx_->all_tiles();
+  target.tile_emu = l->ctx_->tile_emu();
   const plan::LinearPlan p = plan::linear_plan({cfg.format, cfg.scale_dtype, cfg.group}, cfg.rows, cfg.cols,
                                                cfg.max_tokens, w.scale_row_stride, target);
   const moejit_status st = l->mm_.init(p.weight, err);

@@ -34,6 +34,7 @@ class LinearLayer {
   moejit_status submit(int32_t num_tokens, const uint16_t* x, void* y, bool sync);
   Context& context() { return *ctx_; }
   const LinearConfig& config() const { return cfg_; }
+  const Matmul& matmul() const { return mm_; }  // white-box tests
 
  private:
   LinearLayer() = default;

@@ -24,6 +24,7 @@ moejit_status MoeLayer::create(std::shared_ptr<Context> ctx, const MoeConfig& cf
   target.threads = m->ctx_->num_threads();
   target.dedup = m->dedup_;
   target.all_tiles = m->ctx_->all_tiles();
+  target.tile_emu = m->ctx_->tile_emu();
   plan::MoeShape shape;
   shape.gate = cfg.gate;
   shape.up = cfg.up;

@@ -68,6 +68,7 @@ class MoeLayer {
   Context& context() { return *ctx_; }
   moejit_moe_stats stats() const;
   const MoeConfig& config() const { return cfg_; }
+  const plan::MoePlan& plan() const { return plan_; }  // white-box tests
 
  private:
   MoeLayer() = default;

@@ -61,6 +61,7 @@ MatrixPlan matrix_plan(const Target& t, const ProjFormat& f, int64_t rows, int64
   // kFlagNoVbmi where the CPU lacks AVX512_VBMI, or where asked to.
   m.flags = jit::runtime_flags(m.isa, l.format, l.group, t.cpu ? *t.cpu : jit::host_features());
   if (t.no_vbmi && jit::needs_vbmi(m.isa, l.format, 0)) m.flags |= jit::kFlagNoVbmi;
+  if (t.tile_emu && m.isa == jit::Isa::avx512_amx) m.flags |= jit::kFlagTileEmu;
   return m;
 }
 

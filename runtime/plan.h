@@ -29,6 +29,7 @@ struct Target {
   bool dedup = true;       // one kernel call per expert with all of its routes (MoE)
   bool no_vbmi = false;    // force jit::kFlagNoVbmi where a decode would use AVX512_VBMI
   bool all_tiles = false;  // avx512_amx: tile kernels for every format (MOEJIT_TILES=all; jit::kernel_isa)
+  bool tile_emu = false;   // tests: avx512_amx kernels on the emulated tile unit (jit::kFlagTileEmu)
   // The CPU whose choices the kernels' flags make (jit::runtime_flags), null:
   // this host. moejit-dump --cpu plans another vendor's kernels with it.
   const jit::CpuFeatures* cpu = nullptr;
