@@ -7,16 +7,25 @@
 
 namespace moejit::jit {
 
-void XPrep::prepare(void* vec, const uint16_t* src, int64_t k) const {
-  if (sums_.span) {  // through store, which also sums
-    float chunk[256];
-    for (int64_t k0 = 0; k0 < k; k0 += 256) {
-      const int64_t n = std::min<int64_t>(256, k - k0);
-      for (int64_t i = 0; i < n; ++i) chunk[i] = formats::bf16_to_f32(src[k0 + i]);
-      store(vec, k0, chunk, n);
-    }
-    return;
+namespace {
+
+// k bf16 activations widened to fp32 in pieces of 256, each passed to
+// put(k0, values, n): how a layout with sums prepares x through its store.
+template <typename Put>
+void widened_pieces(const uint16_t* src, int64_t k, Put put) {
+  float piece[256];
+  for (int64_t k0 = 0; k0 < k; k0 += 256) {
+    const int64_t n = std::min<int64_t>(256, k - k0);
+    for (int64_t i = 0; i < n; ++i) piece[i] = formats::bf16_to_f32(src[k0 + i]);
+    put(k0, piece, n);
   }
+}
+
+}  // namespace
+
+void XPrep::prepare(void* vec, const uint16_t* src, int64_t k) const {
+  if (sums_.span)  // through store, which also sums
+    return widened_pieces(src, k, [&](int64_t k0, const float* v, int64_t n) { store(vec, k0, v, n); });
   switch (layout_) {
     case XLayout::f32:
       for (int64_t i = 0; i < k; ++i) static_cast<float*>(vec)[i] = formats::bf16_to_f32(src[i]);
@@ -86,15 +95,9 @@ uint8_t* run_base(void* buf, int64_t run, int64_t vb) { return static_cast<uint8
 void XPrep::prepare_slot(void* buf, Slot s, const uint16_t* src, int64_t k) const {
   const int64_t vb = vector_bytes(k);
   if (!tiled()) return prepare(run_base(buf, s.run + s.col, vb), src, k);
-  if (sums_.span) {  // through store_slot, which also sums
-    float chunk[256];
-    for (int64_t k0 = 0; k0 < k; k0 += 256) {
-      const int64_t n = std::min<int64_t>(256, k - k0);
-      for (int64_t i = 0; i < n; ++i) chunk[i] = formats::bf16_to_f32(src[k0 + i]);
-      store_slot(buf, s, k, k0, chunk, n);
-    }
-    return;
-  }
+  if (sums_.span)  // through store_slot, which also sums
+    return widened_pieces(src, k,
+                          [&](int64_t k0, const float* v, int64_t n) { store_slot(buf, s, k, k0, v, n); });
   uint8_t* b = run_base(buf, s.run, vb);
   for (int64_t i = 0; i < k; ++i) std::memcpy(b + tile_byte(i, s.width, s.col), &src[i], 2);
 }
