@@ -8,8 +8,8 @@
 // C after each scale group and add it, times each row's scale, to 16 running
 // totals (one zmm per row, lanes = tokens); groups of 16 take half steps (A
 // tiles of 16 bf16, B tiles of 8 pairs, two products per vector), and a
-// decoder with sums of x gets them as one more chunk of x after each block. A block ends with a 16 x 16
-// transpose of the totals into y. No instruction depends on M but the tile
+// decoder with sums of x gets them as one more chunk of x after each block.
+// A block ends with a 16 x 16 transpose of the totals into y. No instruction depends on M but the tile
 // shapes, and each C element is one (row, token) dot product, so a token's
 // bits are the same for every M. With kFlagTileEmu (tests) every tile
 // instruction is emulated with AVX512_BF16 code on tile registers in the
