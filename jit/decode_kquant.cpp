@@ -19,7 +19,7 @@
 // faster there. On AMD (Zen 5:
 // 0.74 cycles per 32 against 0.73 per 16) the pairs are cheaper: every
 // K-quant has a bf16-pair decode (KQuantPairs, kFlagBf16Pairs), which the
-// runtime runs there and, for all but q2_K and q4_K, on Intel too. The sub-block
+// runtime runs there and, for q6_K and q3_K, on Intel too. The sub-block
 // factors then scale each step's sums, since d sc[j] q does not fit a bf16.
 //
 // A super-block's factors are a record on the rule's stack area (aux): D_j,

@@ -150,15 +150,15 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/, const
     if (dec && dec->needs_gfni()) flags |= kFlagNoGfni;
   }
   // The K-quants' bf16 pairs (gemv.h): every K-quant on AMD, where bf16 pairs
-  // multiply at about the fp32 FMA's cost; on Intel every K-quant but q2_K and
-  // q4_K (the 16-core Xeon, DeepSeek-V3, 16 threads, the pairs against the fp32
-  // decode, docs/PERFORMANCE.md: q6_K 1.13-1.21x at one token and 1.01-1.18x
-  // at 64; since the GFNI decodes q3_K 1.34x and 1.03x, q5_K 1.15x and 1.02x;
-  // q2_K 0.95x and 0.81x, and with its two-table step 1.06x, inside the noise,
-  // and 0.85x; q4_K against its fp32 lanes 1.02x at one token, 0.87x at 16 and
-  // 0.83x at 64). q3_K's, q4_K's and q5_K's pairs need GFNI (every AMD CPU
-  // with AVX512_BF16 has it).
-  const bool fp32_on_intel = format == Format::q2_K || format == Format::q4_K;
+  // multiply at about the fp32 FMA's cost; on Intel q6_K and q3_K only (the
+  // 16-core Xeon, DeepSeek-V3, 16 threads, the pairs against the fp32 decode,
+  // docs/PERFORMANCE.md: q6_K 1.13-1.21x at one token and 1.01-1.18x at 64;
+  // since the GFNI decodes q3_K 1.34x and 1.03x; q2_K 0.95x and 0.81x, and with
+  // its two-table step 1.06x, inside the noise, and 0.85x; q4_K against its fp32
+  // lanes 1.02x at one token, 0.87x at 16 and 0.83x at 64; q5_K against its fp32
+  // lanes 0.88-0.96x at one token, 0.81-0.92x at 16 and 0.84-0.86x at 64). q3_K's,
+  // q4_K's and q5_K's pairs need GFNI (every AMD CPU with AVX512_BF16 has it).
+  const bool fp32_on_intel = format == Format::q2_K || format == Format::q4_K || format == Format::q5_K;
   if (isa == Isa::avx512_bf16 && (!cpu.intel || !fp32_on_intel)) {
     const auto dec = make_decoder(decoder_key(isa, format, flags | kFlagBf16Pairs));
     if (dec && dec->kquant_pairs() && (!dec->needs_gfni() || cpu.gfni)) flags |= kFlagBf16Pairs;

@@ -54,9 +54,10 @@ constexpr uint32_t kFlagLinePrefetch = 2;
 // fp32 d sc[j] q and vfmadd231ps with fp32 x. runtime_flags sets it on AMD,
 // where a 512-bit vdpbf16ps costs what a vfmadd231ps does for twice the
 // products (Zen 5: 0.49 cycles each, moejit-bench-ports), and on Intel for
-// every K-quant but q2_K and q4_K: there a pair step costs 1.1-1.2x more per
-// product than an fp32 one, yet the pair decodes take fewer instructions than
-// the fp32 ones, q2_K's and q4_K's fp32 lanes excepted (docs/PERFORMANCE.md).
+// q6_K and q3_K: there a pair step costs 1.1-1.2x more per product than an
+// fp32 one, yet their pair decodes take fewer instructions than their fp32
+// ones; q2_K's fp32 decode and q4_K's and q5_K's fp32 lanes are faster there
+// (docs/PERFORMANCE.md).
 // Other formats and tiers reject it.
 constexpr uint32_t kFlagBf16Pairs = 4;
 // With kFlagBf16Pairs: multi-token kernels keep the row order whatever the
@@ -135,7 +136,7 @@ Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags =
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU
 // (kFlagNoVbmi where the byte tables cannot be used; kFlagLinePrefetch for
-// bf16 on Intel; kFlagBf16Pairs for the K-quants on AMD, all but q2_K and q4_K on Intel).
+// bf16 on Intel; kFlagBf16Pairs for the K-quants on AMD, q6_K and q3_K on Intel).
 // `cpu`: another CPU's features (moejit-dump --cpu shows another vendor's kernels).
 uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group,
                        const CpuFeatures& cpu = host_features());

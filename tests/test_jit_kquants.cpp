@@ -327,7 +327,7 @@ TEST(KQuantKernels, DecoderAndPreparedSums) {
 }
 
 // The bf16-pair decodes are avx512_bf16's: the other tiers refuse the flag
-// with the reason; the runtime asks for it on AMD, and for all but q2_K and q4_K on Intel.
+// with the reason; the runtime asks for it on AMD, and for q6_K and q3_K on Intel.
 TEST(KQuantKernels, BfPairsOnlyOnAvx512Bf16) {
   for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16})
     for (KQuant f : kAll) {
@@ -346,7 +346,7 @@ TEST(KQuantKernels, BfPairsOnlyOnAvx512Bf16) {
         EXPECT_NE(why.find("bf16-pair flag"), std::string::npos) << why;
       }
       const uint32_t flags = jit::runtime_flags(isa, moejit::formats::Format(int32_t(f)), 256);
-      const bool fp32_on_intel = f == KQuant::q2_K || f == KQuant::q4_K;
+      const bool fp32_on_intel = f == KQuant::q2_K || f == KQuant::q4_K || f == KQuant::q5_K;
       EXPECT_EQ((flags & jit::kFlagBf16Pairs) != 0, isa == jit::Isa::avx512_bf16 &&
                                                         (!jit::host_features().intel || !fp32_on_intel) &&
                                                         (jit::host_features().gfni || !pairs_need_gfni(f)))

@@ -411,9 +411,9 @@ TEST(Plan, AllTilesRunsEveryFormatsTileKernels) {
 }
 
 // A plan for another vendor's CPU (plan::Target::cpu, moejit-dump --cpu) takes
-// that vendor's flags: on Intel bf16's line prefetch, q2_K's and q4_K's fp32
-// decodes and the pair kernels' row order (q6_K's); on AMD none of them and
-// the pairs of both. The
+// that vendor's flags: on Intel bf16's line prefetch, q2_K's fp32 decode,
+// q4_K's and q5_K's fp32 lanes and the pair kernels' row order (q6_K's); on
+// AMD none of them and the pairs of all. The
 // rest of the features stay the host's.
 TEST(Plan, TargetCpuTakesTheVendorsFlags) {
   jit::CpuFeatures intel = jit::host_features(), amd = jit::host_features();
@@ -426,11 +426,13 @@ TEST(Plan, TargetCpuTakesTheVendorsFlags) {
     EXPECT_NE(plan::matrix_plan(t, {Format::bf16}, 64, 2048, 0).flags & jit::kFlagLinePrefetch, 0u);
     const uint32_t q2_intel = plan::matrix_plan(t, {Format::q2_K}, 64, 2048, 0).flags;
     const uint32_t q4_intel = plan::matrix_plan(t, {Format::q4_K}, 64, 2048, 0).flags;
+    const uint32_t q5_intel = plan::matrix_plan(t, {Format::q5_K}, 64, 2048, 0).flags;
     const uint32_t q6_intel = plan::matrix_plan(t, {Format::q6_K}, 64, 2048, 0).flags;
     t.cpu = &amd;
     EXPECT_EQ(plan::matrix_plan(t, {Format::bf16}, 64, 2048, 0).flags & jit::kFlagLinePrefetch, 0u);
     const uint32_t q2_amd = plan::matrix_plan(t, {Format::q2_K}, 64, 2048, 0).flags;
     const uint32_t q4_amd = plan::matrix_plan(t, {Format::q4_K}, 64, 2048, 0).flags;
+    const uint32_t q5_amd = plan::matrix_plan(t, {Format::q5_K}, 64, 2048, 0).flags;
     EXPECT_EQ(q2_intel & jit::kFlagBf16Pairs, 0u) << jit::isa_name(isa);
     EXPECT_EQ(q4_amd & jit::kFlagRowOrder, 0u) << jit::isa_name(isa);
     // The pairs are avx512_bf16's (q4_K's need GFNI, which the host may lack).
@@ -438,7 +440,9 @@ TEST(Plan, TargetCpuTakesTheVendorsFlags) {
     EXPECT_EQ((q2_amd & jit::kFlagBf16Pairs) != 0, bf16) << jit::isa_name(isa);
     const bool q4_pairs = bf16 && jit::host_features().gfni;
     EXPECT_EQ((q4_amd & jit::kFlagBf16Pairs) != 0, q4_pairs) << jit::isa_name(isa);
+    EXPECT_EQ((q5_amd & jit::kFlagBf16Pairs) != 0, q4_pairs) << jit::isa_name(isa);
     EXPECT_EQ(q4_intel & (jit::kFlagBf16Pairs | jit::kFlagRowOrder), 0u) << jit::isa_name(isa);
+    EXPECT_EQ(q5_intel & (jit::kFlagBf16Pairs | jit::kFlagRowOrder), 0u) << jit::isa_name(isa);
     EXPECT_EQ(q6_intel & (jit::kFlagBf16Pairs | jit::kFlagRowOrder),
               bf16 ? jit::kFlagBf16Pairs | jit::kFlagRowOrder : 0u)
         << jit::isa_name(isa);
@@ -1018,7 +1022,7 @@ TEST(InfoTool, ReportsWhatTheLibraryRuns) {
     EXPECT_EQ(r.out.substr(f, r.out.find('\n', f) - f).find("prefetch:"), std::string::npos);
   }
   // The K-quants' decode is the one the layers run: bf16 pairs where the
-  // runtime asks for them (kFlagBf16Pairs: AMD, and all but q2_K and q4_K on Intel).
+  // runtime asks for them (kFlagBf16Pairs: AMD, and q6_K and q3_K on Intel).
   for (const char* name : {"q4_K", "q2_K"}) {
     const size_t b = r.out.find(std::string("  ") + name + "        "), e = r.out.find('\n', b);
     ASSERT_NE(b, std::string::npos) << name << "\n" << r.out;
