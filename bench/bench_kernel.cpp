@@ -48,45 +48,23 @@ std::vector<jit::Isa> kernel_tiers() {
   return r;
 }
 
-// Which kernel of a tier a case measures.
-enum class Kind {
-  runtime,  // the kernel the runtime resolves (named by its tier)
-  // avx512_amx: the tile kernel of a format whose layers run avx512_bf16's
-  // kernels on that tier (jit::kernel_isa)
-  tiles,
-  // avx512_bf16, formats whose kernels decode to bf16 pairs
-  // (jit::can_split_pairs): with jit::kFlagSplitPairs, and without it, whatever
-  // this CPU's runtime picks
-  split,
-  dp,
-};
-const char* kind_name(Kind kind, jit::Isa isa) {
-  switch (kind) {
-    case Kind::tiles: return "tiles";
-    case Kind::split: return "split";
-    case Kind::dp: return "dp";
-    default: return jit::isa_name(isa);
-  }
-}
-
-// The key the runtime resolves for a kRows-row call of a [*, k] matrix, or the
-// variant of it `kind` names.
-jit::KernelKey kernel_key(moejit_format f, jit::Isa isa, int32_t k, int32_t tokens,
-                          Kind kind = Kind::runtime) {
+// The key the runtime resolves for a kRows-row call of a [*, k] matrix; with
+// `tiles`, the avx512_amx tile kernel of a format whose layers run
+// avx512_bf16's kernels on that tier (jit::kernel_isa: q8_0, mxfp8, q4_0, mxfp4).
+jit::KernelKey kernel_key(moejit_format f, jit::Isa isa, int32_t k, int32_t tokens, bool tiles = false) {
   moejit::plan::Target t;
   t.isa = isa;
   jit::KernelKey key = moejit::plan::matrix_plan(t, {Format(f)}, kRows, k, 0).key(kRows, tokens);
-  if (kind == Kind::tiles) {
+  if (tiles) {
     key.isa = jit::Isa::avx512_amx;
     key.flags = jit::runtime_flags(key.isa, key.format, key.group);  // not avx512_bf16's
   }
-  if (kind == Kind::split) key.flags |= jit::kFlagSplitPairs;
-  if (kind == Kind::dp) key.flags &= ~jit::kFlagSplitPairs;
   return key;
 }
 
-void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k, int32_t tokens, Kind kind) {
-  const jit::KernelKey key = kernel_key(f, isa, k, tokens, kind);
+void bm_kernel(benchmark::State& state, moejit_format f, jit::Isa isa, int32_t k, int32_t tokens,
+               bool tiles) {
+  const jit::KernelKey key = kernel_key(f, isa, k, tokens, tiles);
   std::string err;
   const auto kernel = jit::global_cache().get(key, &err);
   if (!kernel) {  // among others, a tier this CPU lacks
@@ -166,28 +144,24 @@ int main(int argc, char** argv) {
       for (int32_t k : kKs) {
         // avx512_amx runs avx512_bf16's kernels for most formats: measured there. Those
         // with tile kernels all the same have them measured as `tiles`.
-        std::vector<Kind> kinds = {Kind::runtime};
-        const jit::KernelKey rk = kernel_key(f, isa, k, 1);
-        if (rk.isa != isa) {
-          if (isa != jit::Isa::avx512_amx || !jit::has_tile_kernels(Format(f), rk.group)) continue;
-          kinds = {Kind::tiles};
+        bool tiles = false;
+        if (kernel_key(f, isa, k, 1).isa != isa) {
+          tiles =
+              isa == jit::Isa::avx512_amx && jit::has_tile_kernels(Format(f), kernel_key(f, isa, k, 1).group);
+          if (!tiles) continue;
         }
-        // avx512_bf16's bf16 pairs, split into fp32 and not, whichever this CPU runs.
-        if (jit::can_split_pairs(isa, Format(f), rk.flags)) kinds = {Kind::runtime, Kind::split, Kind::dp};
-        for (Kind kind : kinds) {
-          // Tokens beyond the tier's register budget are tiled by the runtime: measure its largest.
-          const int32_t most = jit::max_tokens_per_call(kernel_key(f, isa, k, 1, kind));
-          int32_t last = 0;
-          for (int32_t want : kTokens) {
-            const int32_t t = std::min(want, most);
-            if (t == last) continue;
-            last = t;
-            const std::string name = std::string("kernel_l2/") + moejit_format_name(f) + "/" +
-                                     kind_name(kind, isa) + "/K:" + std::to_string(k) +
-                                     "/tokens:" + std::to_string(t);
-            benchmark::RegisterBenchmark(name.c_str(), bm_kernel, f, isa, k, t, kind)
-                ->Unit(benchmark::kMicrosecond);
-          }
+        // Tokens beyond the tier's register budget are tiled by the runtime: measure its largest.
+        const int32_t most = jit::max_tokens_per_call(kernel_key(f, isa, k, 1, tiles));
+        int32_t last = 0;
+        for (int32_t want : kTokens) {
+          const int32_t t = std::min(want, most);
+          if (t == last) continue;
+          last = t;
+          const std::string name = std::string("kernel_l2/") + moejit_format_name(f) + "/" +
+                                   (tiles ? "tiles" : jit::isa_name(isa)) + "/K:" + std::to_string(k) +
+                                   "/tokens:" + std::to_string(t);
+          benchmark::RegisterBenchmark(name.c_str(), bm_kernel, f, isa, k, t, tiles)
+              ->Unit(benchmark::kMicrosecond);
         }
       }
   benchmark::RunSpecifiedBenchmarks();

@@ -202,9 +202,9 @@ class Decoder : public DecodePart {
  public:
   // ---- facts ----
   XLayout x_layout() const { return layout_; }
-  // The prepared activations' layout: the decode's, split into fp32 evens and
-  // odds with kFlagSplitPairs.
-  XPrep x_prep() const;
+  XPrep x_prep() const {
+    return XPrep(layout_, key_.isa, xsum_span() ? XSums{xsum_span(), shape_.block} : XSums{});
+  }
   // AVX512_VBMI instructions in the decode (byte tables, the q4_0 gather).
   virtual bool needs_vbmi() const { return false; }
   // GFNI instructions in the decode (vgf2p8affineqb: the q3_K, q4_K and q5_K bf16 pairs).

@@ -37,11 +37,6 @@ Decoder::Decoder(const KernelKey& key, XLayout layout, int vectors, std::unique_
   if (rule_) rule_->shape_ = s;
 }
 
-XPrep Decoder::x_prep() const {
-  return XPrep(layout_, key_.isa, xsum_span() ? XSums{xsum_span(), shape_.block} : XSums{},
-               (key_.flags & kFlagSplitPairs) != 0);
-}
-
 void Decoder::set_step_scaled(int steps) {
   shape_.step_scaled = true;
   shape_.scale_steps = steps;
@@ -135,12 +130,6 @@ bool needs_vbmi(Isa isa, formats::Format format, uint32_t flags) {
   return dec && dec->needs_vbmi();
 }
 
-bool can_split_pairs(Isa isa, formats::Format format, uint32_t flags) {
-  if (isa != Isa::avx512_bf16 || format == Format::bf16) return false;
-  const auto dec = make_decoder(decoder_key(isa, format, flags & ~kFlagSplitPairs));
-  return dec && x_elem_bytes(dec->x_layout()) == 2;
-}
-
 bool streams_with_prefetch(formats::Format format) {
   const auto dec = make_decoder(decoder_key(Isa::avx512, format, 0));
   return !dec || dec->streams_with_prefetch();
@@ -176,8 +165,6 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/, const
     // Intel's pair kernels keep the row order (gemv.h).
     if ((flags & kFlagBf16Pairs) && cpu.intel) flags |= kFlagRowOrder;
   }
-  // Intel multiplies bf16 pairs split into fp32 (gemv.h, kFlagSplitPairs).
-  if (cpu.intel && can_split_pairs(isa, format, flags)) flags |= kFlagSplitPairs;
   return flags;
 }
 
@@ -198,13 +185,7 @@ Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags, 
 
 std::string decode_path(Isa isa, formats::Format format, uint32_t flags) {
   const auto d = make_decoder(decoder_key(isa, format, flags));
-  if (!d) return std::string();
-  std::string path = d->describe();
-  // Split kernels multiply the same bf16 pairs in fp32 (kFlagSplitPairs).
-  const size_t dp = path.find("vdpbf16ps");
-  if ((flags & kFlagSplitPairs) && can_split_pairs(isa, format, flags) && dp != std::string::npos)
-    path.replace(dp, 9, "split into fp32 halves, vfmadd231ps");
-  return path;
+  return d ? d->describe() : std::string();
 }
 
 XPrep x_prep(Isa isa, formats::Format format, uint32_t flags) {

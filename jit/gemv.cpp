@@ -84,7 +84,7 @@ bool gemv_supported(const KernelKey& key, std::string* why, bool run_here) {
     return false;
   }
   if ((key.flags & ~(kFlagNoVbmi | kFlagLinePrefetch | kFlagBf16Pairs | kFlagRowOrder | kFlagNoGfni |
-                     kFlagTileEmu | kFlagSplitPairs)) != 0) {
+                     kFlagTileEmu)) != 0) {
     *why = "unknown kernel flags";
     return false;
   }
@@ -95,11 +95,6 @@ bool gemv_supported(const KernelKey& key, std::string* why, bool run_here) {
   }
   if ((key.flags & kFlagRowOrder) && !(key.flags & kFlagBf16Pairs)) {
     *why = "the row-order flag is for the K-quants' bf16-pair kernels (with kFlagBf16Pairs)";
-    return false;
-  }
-  if ((key.flags & kFlagSplitPairs) && !can_split_pairs(key.isa, f, key.flags)) {
-    *why = std::string("the split-pairs flag is for avx512_bf16 decodes to bf16 pairs, not ") +
-           formats::format_name(f) + " on " + isa_name(key.isa) + " (" + dec->describe() + ")";
     return false;
   }
   if ((key.flags & kFlagBf16Pairs) && !dec->kquant_pairs()) {

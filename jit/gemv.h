@@ -83,27 +83,10 @@ constexpr uint32_t kFlagNoGfni = 16;
 // only for a Context built with the test-only tile_emu (no API reaches it);
 // other tiers reject it.
 constexpr uint32_t kFlagTileEmu = 32;
-// avx512_bf16 row kernels whose decode gives bf16 pairs (every format but bf16
-// and the fp32 K-quant decodes): each decoded vector is split into the fp32
-// values of its odd and its even elements (vpandd with 0xFFFF0000, vpslld by
-// 16: exact) and multiplied by vfmadd231ps, odd elements first, against fp32 x
-// in the same order, each 32 positions split into their evens and odds (XPrep's
-// split), instead of vdpbf16ps against bf16 x. On Intel a vdpbf16ps costs four
-// uops, two of them on port 5, which the decodes' shuffles also need, where the
-// two FMAs take either vector port and the split two cheap uops shared by every
-// token of the call (docs/PERFORMANCE.md). Subnormal x and products are kept.
-// runtime_flags sets it on Intel for the formats measured faster with it; other
-// tiers and decodes reject it.
-constexpr uint32_t kFlagSplitPairs = 64;
 
 // Whether a kernel's decode uses AVX512_VBMI: the vpermi2b byte tables of
 // 8-bit formats, and the vpermt2b that gathers a q4_0 chunk's quants.
 bool needs_vbmi(Isa isa, formats::Format format, uint32_t flags);
-
-// Whether the kernels of this format, tier and flags (kFlagSplitPairs aside)
-// decode to bf16 pairs that kFlagSplitPairs can split: avx512_bf16 row
-// kernels, every format but bf16 and the K-quants' fp32 decodes.
-bool can_split_pairs(Isa isa, formats::Format format, uint32_t flags);
 
 // Whether kernels of this format prefetch the weights of a call far ahead
 // (w_prefetch = a call ~kPrefetchBytes later, one prefetch per line) or the

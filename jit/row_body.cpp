@@ -119,8 +119,7 @@ class RowBody : public Generator {
         row_bytes_(formats::row_bytes(key.format, key.k)),
         xstride_bytes_(xprep_.vector_bytes(key.k)),
         xblock_bytes_(xprep_.bytes(shape_.block)),
-        fma_f32_(x_elem_bytes(dec_->x_layout()) == 4),
-        split_(xprep_.split()),
+        fma_f32_(xbytes_ == 4),
         // Every kernel prefetches a later call (w_prefetch). Multi-token calls
         // compute long enough per line that streaming no longer overlaps
         // without help (measured: cold = hot + DRAM time): they prefetch each
@@ -140,10 +139,10 @@ class RowBody : public Generator {
     // total factor; a group's rows must be a 32-bit displacement (the rewind
     // between chunks).
     const int64_t call_x = key.tokens * xstride_bytes_;
-    if (rule_ && rule_->chunkable() && rule_->block_bytes() == 0 &&
-        (fma_f32_ || split_ || shape_.step_scaled) && !(key.flags & kFlagRowOrder) && key.tokens > 1 &&
-        plan_.nt >= 1 && dec_->total_factor() == 1.0f && key.k % shape_.block == 0 &&
-        call_x > kChunkMinXBytes && group_rows() * row_bytes_ <= (int64_t(1) << 30)) {
+    if (rule_ && rule_->chunkable() && rule_->block_bytes() == 0 && (fma_f32_ || shape_.step_scaled) &&
+        !(key.flags & kFlagRowOrder) && key.tokens > 1 && plan_.nt >= 1 && dec_->total_factor() == 1.0f &&
+        key.k % shape_.block == 0 && call_x > kChunkMinXBytes &&
+        group_rows() * row_bytes_ <= (int64_t(1) << 30)) {
       // The most blocks that fit, dividing the row's blocks into equal chunks.
       const int64_t fit = std::max<int64_t>(1, kChunkXBytes / (key.tokens * xblock_bytes_));
       for (int64_t c = std::min(fit, nfull - 1); c >= 1 && chunk_blocks_ == 0; --c)
@@ -153,7 +152,7 @@ class RowBody : public Generator {
 
   bool generate(std::string* err) {
     const int regs = tt_.vec_bytes == 64 ? 32 : 16;
-    if (tt_.acc_first + key_.tokens * plan_.regs_per_token() > regs - (split_ ? 1 : 0)) {
+    if (tt_.acc_first + key_.tokens * plan_.regs_per_token() > regs) {
       *err = "tokens per call exceed the accumulator registers";
       return false;
     }
@@ -307,28 +306,12 @@ class RowBody : public Generator {
     mov(reg_tmp, cnt >= 64 ? ~uint64_t(0) : (uint64_t(1) << cnt) - 1);
     kmovq(k_tail, reg_tmp);
   }
-  Address x_addr(int m, int off, int disp = 0) const {
-    return ptr[reg_xk + m * xstride_bytes_ + dx_ + off * xbytes_ + disp];
-  }
-  // The split kernels' even elements of the vector being multiplied (kFlagSplitPairs):
-  // the register after the accumulators.
-  Xmm v_even() const { return vec(tt_.vec_bytes == 64 ? 31 : 15); }
-  // acc += w x for token m. Split kernels split w at token 0 (w keeps its odd
-  // elements, v_even() gets the even ones) and add the odd products first, as
-  // vdpbf16ps does.
+  Address x_addr(int m, int off) const { return ptr[reg_xk + m * xstride_bytes_ + dx_ + off * xbytes_]; }
   void multiply(const Xmm& a, const Xmm& w, int m, int off) {
-    if (fma_f32_) {
+    if (fma_f32_)
       vfmadd231ps(a, w, x_addr(m, off));
-    } else if (split_) {
-      if (m == 0) {
-        vpslld(v_even(), w, 16);
-        vpandd(w, w, ptr_b[rip + l_hi16_]);
-      }
-      vfmadd231ps(a, w, x_addr(m, off, 64));
-      vfmadd231ps(a, v_even(), x_addr(m, off));
-    } else {
+    else
       vdpbf16ps(a, w, x_addr(m, off));
-    }
   }
 
   KernelKey key_;
@@ -345,7 +328,6 @@ class RowBody : public Generator {
   int64_t xstride_bytes_;  // bytes per token's prepared vector
   int64_t xblock_bytes_;   // prepared-x bytes per block (with its sums of x, if any)
   bool fma_f32_;           // fp32 weights and activations, vfmadd231ps (else bf16 pairs, vdpbf16ps)
-  bool split_;             // bf16 pairs split into fp32 evens and odds, vfmadd231ps (kFlagSplitPairs)
   bool sparse_;            // streamed by the hardware prefetchers, one token: unrolled rows, sparse prefetch
   int unroll_ = 1;         // blocks per loop iteration
   int64_t chunk_blocks_ = 0;  // blocks per chunk of K, 0 when rows are not chunked
@@ -355,7 +337,6 @@ class RowBody : public Generator {
   int64_t pf_next_ = 0;       // next line offset of the current region to prefetch
   int64_t pf_span_ = 0;       // bytes the current region reads
   Label l_hsum_idx_;          // vpermps index putting a row group's sums in row order
-  Label l_hi16_;              // 0xFFFF0000: a bf16 pair's odd element (split kernels)
 };
 
 void RowBody::emit_body() {
@@ -506,10 +487,6 @@ void RowBody::emit_data() {
   L(l_hsum_idx_);  // lane of row j after reduce_group's tree
   for (int j = 0; j < group_rows(); ++j)
     dd(uint32_t(group_rows() == 16 ? 4 * (j % 4) + j / 4 : 4 * (j % 2) + j / 2));
-  if (split_) {
-    L(l_hi16_);
-    dd(0xFFFF0000u);
-  }
   align(64);
   dec_->emit_data();
 }
@@ -741,9 +718,7 @@ void RowBody::reduce_group(int n) {
 bool row_body_has_tier(Isa isa) { return tier_traits(isa).vec_bytes > 0; }
 
 int row_body_max_tokens(const KernelKey& key, const Decoder& dec) {
-  // Split kernels keep a vector's even elements in the last register.
-  const int regs = tier_traits(key.isa).acc_count - (dec.x_prep().split() ? 1 : 0);
-  return regs / plan_of(dec.shape()).regs_per_token();
+  return tier_traits(key.isa).acc_count / plan_of(dec.shape()).regs_per_token();
 }
 
 std::shared_ptr<const Kernel> generate_row_kernel(const KernelKey& key, std::unique_ptr<Decoder> dec,

@@ -26,10 +26,6 @@ void widened_pieces(const uint16_t* src, int64_t k, Put put) {
 void XPrep::prepare(void* vec, const uint16_t* src, int64_t k) const {
   if (sums_.span)  // through store, which also sums
     return widened_pieces(src, k, [&](int64_t k0, const float* v, int64_t n) { store(vec, k0, v, n); });
-  if (split_) {
-    for (int64_t i = 0; i < k; ++i) static_cast<float*>(vec)[position(i)] = formats::bf16_to_f32(src[i]);
-    return;
-  }
   switch (layout_) {
     case XLayout::f32:
       for (int64_t i = 0; i < k; ++i) static_cast<float*>(vec)[i] = formats::bf16_to_f32(src[i]);
@@ -63,10 +59,6 @@ void XPrep::store(void* vec, int64_t k0, const float* v, int64_t n) const {
       else
         static_cast<uint16_t*>(vec)[position(k0 + i)] = formats::f32_to_bf16(v[i]);
     }
-    return;
-  }
-  if (split_) {
-    for (int64_t i = 0; i < n; ++i) static_cast<float*>(vec)[position(k0 + i)] = v[i];
     return;
   }
   switch (layout_) {

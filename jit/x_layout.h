@@ -82,24 +82,18 @@ constexpr int kXSumBytes = 64;
 class XPrep {
  public:
   XPrep() = default;  // fp32 in natural order: the scalar tier
-  // `split` (a bf16 layout, kFlagSplitPairs): fp32 values in the layout's order,
-  // each 32 positions as the 16 fp32 of their even positions, then the 16 of
-  // their odd ones: the two halves a decoded bf16 vector splits into.
-  XPrep(XLayout layout, Isa isa, XSums sums = {}, bool split = false)
-      : layout_(layout), isa_(isa), sums_(sums), split_(split && x_elem_bytes(layout) == 2) {}
+  XPrep(XLayout layout, Isa isa, XSums sums = {}) : layout_(layout), isa_(isa), sums_(sums) {}
 
   XLayout layout() const { return layout_; }
   const XSums& sums() const { return sums_; }
-  bool split() const { return split_; }
   bool operator==(const XPrep& o) const {
     return layout_ == o.layout_ && isa_ == o.isa_ && sums_.span == o.sums_.span &&
-           sums_.block == o.sums_.block && split_ == o.split_;
+           sums_.block == o.sums_.block;
   }
-  size_t elem_bytes() const { return split_ ? 4 : x_elem_bytes(layout_); }
+  size_t elem_bytes() const { return x_elem_bytes(layout_); }
   // Element slot of activation k (the sums take kXSumBytes / elem_bytes() slots after each block).
   int64_t position(int64_t k) const {
-    int64_t p = slot(k);
-    if (split_) p = (p & ~int64_t(31)) + (p & 1) * 16 + (p & 31) / 2;
+    const int64_t p = slot(k);
     return sums_.span ? p + k / sums_.block * (kXSumBytes / int64_t(elem_bytes())) : p;
   }
   // Bytes of n activations from a block boundary, with their sums (n a multiple
@@ -231,7 +225,6 @@ class XPrep {
   XLayout layout_ = XLayout::f32;
   Isa isa_ = Isa::scalar;
   XSums sums_;
-  bool split_ = false;
 };
 
 // The layout of the kernels of `format` on `isa` with KernelKey::flags `flags`:

@@ -32,18 +32,14 @@ struct Variant {
 };
 
 // Every generated code path: tiers, plus the no-VBMI e4m3 decode of
-// avx512_bf16, plus avx512_bf16's bf16 pairs split into fp32 (kFlagSplitPairs,
-// Intel's choice), plus avx512_amx's tile kernels on the emulated tile unit
+// avx512_bf16, plus avx512_amx's tile kernels on the emulated tile unit
 // (kFlagTileEmu), which runs wherever avx512_bf16 does.
-inline const Variant kVariants[] = {
-    {jit::Isa::avx2, 0, "avx2"},
-    {jit::Isa::avx512, 0, "avx512"},
-    {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
-    {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"},
-    {jit::Isa::avx512_bf16, jit::kFlagSplitPairs, "avx512_bf16_split"},
-    {jit::Isa::avx512_bf16, jit::kFlagNoVbmi | jit::kFlagSplitPairs, "avx512_bf16_novbmi_split"},
-    {jit::Isa::avx512_amx, 0, "avx512_amx"},
-    {jit::Isa::avx512_amx, jit::kFlagTileEmu, "avx512_amx_emulated"}};
+inline const Variant kVariants[] = {{jit::Isa::avx2, 0, "avx2"},
+                                    {jit::Isa::avx512, 0, "avx512"},
+                                    {jit::Isa::avx512_bf16, 0, "avx512_bf16"},
+                                    {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"},
+                                    {jit::Isa::avx512_amx, 0, "avx512_amx"},
+                                    {jit::Isa::avx512_amx, jit::kFlagTileEmu, "avx512_amx_emulated"}};
 
 // The tier the variant's kernels run on (the emulated tile unit: avx512_bf16).
 inline jit::Isa runs_on(const Variant& v) {
@@ -56,7 +52,6 @@ inline bool variant_available(const Variant& v, Format f) {
   if (!jit::isa_available(runs_on(v))) return false;
   if (v.isa == jit::Isa::avx512_amx && !jit::has_tile_kernels(f, fmt::default_group(f, 0), v.flags))
     return false;
-  if ((v.flags & jit::kFlagSplitPairs) && !jit::can_split_pairs(v.isa, f, v.flags)) return false;
   if (jit::needs_vbmi(v.isa, f, v.flags)) return jit::host_features().avx512_vbmi;
   return true;
 }
@@ -65,9 +60,6 @@ inline bool variant_available(const Variant& v, Format f) {
 // tier runs another tier's kernels for the test's formats (avx512_amx).
 inline std::string skip_message(const Variant& v) {
   if (!jit::isa_available(runs_on(v))) return std::string("this CPU lacks ") + v.name;
-  if (v.flags & jit::kFlagSplitPairs)
-    return std::string(v.name) +
-           ": these formats' kernels do not decode to bf16 pairs (jit::can_split_pairs)";
   return std::string(v.name) + " has no kernels of its own for these formats (docs/FORMATS.md)";
 }
 

@@ -48,65 +48,59 @@ std::vector<jit::KernelKey> all_keys() {
   std::vector<jit::KernelKey> keys;
   const Format formats_list[] = {Format::bf16,      Format::nvfp4, Format::mxfp4,      Format::q4_0,
                                  Format::fp8_block, Format::q8_0,  Format::mxfp8_e4m3, Format::mxfp8_e5m2};
+  // avx512_amx last: its lines were appended to the golden file (the tile
+  // kernels of the formats with a tile decode; the others are not its keys).
+  const jit::Isa isas[] = {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16, jit::Isa::avx512_amx};
   // K % 8 != 0 (bf16 and fp8_block, which take any K) reaches the exact
   // partial loads of the avx2 tail (vmovd / vmovq / vpinsr* and the vpxor start).
   const int ks[] = {1,   3,   5,   7,   13,  16,  32,   48,   64,   96,  100,
                     128, 160, 192, 256, 320, 768, 1000, 1001, 2048, 7168};
   const int rows_list[] = {1, 3, 16, 17, 128};
-  // The formats of formats_list on `tiers` with each of `flag_sets` (flags
-  // other than 0 only on avx512_bf16).
-  auto add_formats = [&](std::initializer_list<jit::Isa> tiers, std::initializer_list<uint32_t> flag_sets) {
-    for (jit::Isa isa : tiers)
-      for (Format f : formats_list)
-        for (uint32_t flags : flag_sets) {
-          if (flags && isa != jit::Isa::avx512_bf16) continue;
-          if ((flags & jit::kFlagSplitPairs) && !jit::can_split_pairs(isa, f, flags)) continue;
-          const bool e2m1 = f == Format::nvfp4 || f == Format::mxfp4;
-          const bool mx8 = f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2;
-          std::vector<int> groups = {0};
-          if (f == Format::nvfp4) groups = {16};
-          if (f == Format::mxfp4 || f == Format::q4_0 || f == Format::q8_0) groups = {32};
-          if (mx8) groups = {32, 64, 128};
-          if (f == Format::fp8_block) groups = {128};
-          for (int group : groups)
-            for (int dtype : {0, 1}) {
-              if (dtype == 1 && f != Format::fp8_block) continue;
-              for (int k : ks) {
-                if (f != Format::bf16 && f != Format::fp8_block && k % std::max(group, 16) != 0) continue;
-                if ((f == Format::q4_0 || f == Format::q8_0 || f == Format::mxfp4) && k % 32 != 0) continue;
-                const int64_t cols = f == Format::fp8_block ? 0 : (group ? k / group : 0);
-                std::vector<int64_t> strides = {0};
-                if (e2m1 || mx8) strides = {cols, cols + 3};
-                for (int64_t stride : strides)
-                  for (int rows : rows_list) {
-                    jit::KernelKey key;
-                    key.format = f;
-                    key.k = k;
-                    key.rows = rows;
-                    key.scale_stride = stride;
-                    key.scale_dtype = dtype;
-                    key.group = group;
-                    key.isa = isa;
-                    key.flags = flags;
-                    if (isa == jit::Isa::avx512_amx && !jit::has_tile_kernels(key.format, group, flags))
-                      continue;
-                    const int max_m = jit::max_tokens_per_call(key);
-                    for (int m = 1; m <= max_m; ++m) {
-                      // Token counts above 4 only at a few shapes: they change the
-                      // accumulator allocation, not the decode.
-                      if (m > 4 && !(rows == 16 && (k == 768 || k == 2048 || k == 1000))) continue;
-                      key.tokens = m;
-                      keys.push_back(key);
-                    }
+  for (jit::Isa isa : isas)
+    for (Format f : formats_list)
+      for (uint32_t flags : {0u, jit::kFlagNoVbmi}) {
+        if (flags && isa != jit::Isa::avx512_bf16) continue;
+        const bool e2m1 = f == Format::nvfp4 || f == Format::mxfp4;
+        const bool mx8 = f == Format::mxfp8_e4m3 || f == Format::mxfp8_e5m2;
+        std::vector<int> groups = {0};
+        if (f == Format::nvfp4) groups = {16};
+        if (f == Format::mxfp4 || f == Format::q4_0 || f == Format::q8_0) groups = {32};
+        if (mx8) groups = {32, 64, 128};
+        if (f == Format::fp8_block) groups = {128};
+        for (int group : groups)
+          for (int dtype : {0, 1}) {
+            if (dtype == 1 && f != Format::fp8_block) continue;
+            for (int k : ks) {
+              if (f != Format::bf16 && f != Format::fp8_block && k % std::max(group, 16) != 0) continue;
+              if ((f == Format::q4_0 || f == Format::q8_0 || f == Format::mxfp4) && k % 32 != 0) continue;
+              const int64_t cols = f == Format::fp8_block ? 0 : (group ? k / group : 0);
+              std::vector<int64_t> strides = {0};
+              if (e2m1 || mx8) strides = {cols, cols + 3};
+              for (int64_t stride : strides)
+                for (int rows : rows_list) {
+                  jit::KernelKey key;
+                  key.format = f;
+                  key.k = k;
+                  key.rows = rows;
+                  key.scale_stride = stride;
+                  key.scale_dtype = dtype;
+                  key.group = group;
+                  key.isa = isa;
+                  key.flags = flags;
+                  if (isa == jit::Isa::avx512_amx && !jit::has_tile_kernels(key.format, group, flags))
+                    continue;
+                  const int max_m = jit::max_tokens_per_call(key);
+                  for (int m = 1; m <= max_m; ++m) {
+                    // Token counts above 4 only at a few shapes: they change the
+                    // accumulator allocation, not the decode.
+                    if (m > 4 && !(rows == 16 && (k == 768 || k == 2048 || k == 1000))) continue;
+                    key.tokens = m;
+                    keys.push_back(key);
                   }
-              }
+                }
             }
-        }
-  };
-  // avx512_amx last: its lines were appended to the golden file (the tile
-  // kernels of the formats with a tile decode; the others are not its keys).
-  add_formats({jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16, jit::Isa::avx512_amx},
-              {0u, jit::kFlagNoVbmi});
+          }
+      }
   // The K-quants (after the others, so their lines follow the older ones in the
   // golden file): K multiples of 256, the plan's group of 256, no scale tensor.
   const Format kquants[] = {Format::q4_K, Format::q5_K, Format::q6_K, Format::q2_K, Format::q3_K};
@@ -128,7 +122,7 @@ std::vector<jit::KernelKey> all_keys() {
         }
       }
   };
-  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16, jit::Isa::avx512_amx})
+  for (jit::Isa isa : isas)
     for (Format f : kquants)
       for (uint32_t flags : {0u, jit::kFlagNoVbmi})
         if (!flags || isa == jit::Isa::avx512_bf16) add_kquant(f, isa, flags);
@@ -157,11 +151,6 @@ std::vector<jit::KernelKey> all_keys() {
   // q4_K and then q5_K without GFNI (kFlagNoGfni: every vector times its d sc[j]).
   for (Format f : {Format::q4_K, Format::q5_K})
     for (jit::Isa isa : {jit::Isa::avx512, jit::Isa::avx512_bf16}) add_kquant(f, isa, jit::kFlagNoGfni);
-  // Intel's bf16 pairs split into fp32 (kFlagSplitPairs): the formats above,
-  // then the K-quants Intel runs as pairs.
-  add_formats({jit::Isa::avx512_bf16}, {jit::kFlagSplitPairs, jit::kFlagSplitPairs | jit::kFlagNoVbmi});
-  for (Format f : {Format::q6_K, Format::q3_K})
-    add_kquant(f, jit::Isa::avx512_bf16, jit::kFlagBf16Pairs | jit::kFlagRowOrder | jit::kFlagSplitPairs);
   return keys;
 }
 

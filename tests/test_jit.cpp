@@ -418,8 +418,7 @@ TEST(Decoders, LoadWidenIntoAnyRegistersAndRows) {
       WidenProbe probe;
       ASSERT_TRUE(probe.build(*dec, fmt::row_bytes(f, k), rows, &err)) << key.name() << ": " << err;
       const jit::DecodeShape& s = dec->shape();
-      // The decode's layout (split kernels split the vectors after the decode).
-      const jit::XPrep prep(dec->x_layout(), key.isa);
+      const jit::XPrep prep = dec->x_prep();
       const int vbytes = v.isa == jit::Isa::avx2 ? 32 : 64;
       std::vector<uint8_t> out(size_t(rows * s.vectors() * vbytes), 0xEE);
       probe.fn()(b.w.data(), out.data());
@@ -512,66 +511,6 @@ TEST(LinePrefetch, OnlyForBf16AndOnIntel) {
       EXPECT_NE(why.find("line-prefetch flag"), std::string::npos) << why;
     }
   }
-}
-
-// kFlagSplitPairs: avx512_bf16's decodes to bf16 pairs only (not bf16, whose
-// weights need no decode, nor the fp32 decodes of other tiers and of the
-// K-quants' lanes, nor tile kernels), each refused with the reason; the runtime
-// asks for it on Intel wherever it applies, and never elsewhere.
-TEST(SplitPairs, OnlyForBf16PairDecodesAndOnIntel) {
-  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16, jit::Isa::avx512_amx})
-    for (int32_t id = 0; id <= fmt::kMaxFormatId; ++id) {
-      if (!fmt::known_format(id)) continue;
-      const Format f = fmt::kernel_format(Format(id));
-      const int group = fmt::default_group(f, 0);
-      const uint32_t flags = jit::runtime_flags(isa, f, group);
-      const bool can = jit::can_split_pairs(isa, f, flags);
-      const bool pairs = isa == jit::Isa::avx512_bf16 && f != Format::bf16 &&
-                         (!fmt::is_kquant(f) || (flags & jit::kFlagBf16Pairs));
-      EXPECT_EQ(can, pairs) << fmt::info(f).name << " on " << jit::isa_name(isa);
-      EXPECT_EQ((flags & jit::kFlagSplitPairs) != 0, can && jit::host_features().intel)
-          << fmt::info(f).name << " on " << jit::isa_name(isa);
-      jit::KernelKey key = jit::decoder_key(isa, f, flags | jit::kFlagSplitPairs);
-      key.k = 256;
-      key.rows = 4;
-      key.tokens = 1;
-      key.group = f == Format::bf16 ? 0 : group;
-      std::string why;
-      EXPECT_EQ(jit::gemv_supported(key, &why, false), can) << key.name() << ": " << why;
-      if (!can) {
-        EXPECT_NE(why.find("split-pairs flag"), std::string::npos) << why;
-      }
-    }
-}
-
-// The split layout: each 32 positions of the decode's bf16 layout as fp32, the
-// 16 even positions first, then the 16 odd ones; prepare and store agree.
-TEST(XPrep, SplitPairsPutEvensThenOddsInFp32) {
-  moejit_test::Rng rng(5);
-  const int64_t k = 384;
-  for (jit::XLayout lay : {jit::XLayout::bf16_perm64, jit::XLayout::bf16_nib128, jit::XLayout::bf16_kq6}) {
-    const jit::XPrep base(lay, jit::Isa::avx512_bf16), split(lay, jit::Isa::avx512_bf16, {}, true);
-    EXPECT_TRUE(split.split());
-    EXPECT_EQ(split.elem_bytes(), 4u);
-    EXPECT_EQ(split.vector_bytes(k), 2 * base.vector_bytes(k));
-    std::vector<uint16_t> src(static_cast<size_t>(k));
-    for (auto& e : src) e = fmt::f32_to_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
-    std::vector<uint8_t> a(size_t(split.vector_bytes(k)), 0), b = a;
-    split.prepare(a.data(), src.data(), k);
-    std::vector<float> v(static_cast<size_t>(k));
-    for (int64_t i = 0; i < k; ++i) v[size_t(i)] = fmt::bf16_to_f32(src[size_t(i)]);
-    split.store(b.data(), 0, v.data(), k);
-    EXPECT_EQ(a, b);
-    for (int64_t i = 0; i < k; ++i) {
-      const int64_t p = base.position(i);
-      EXPECT_EQ(split.position(i), p / 32 * 32 + (p % 2) * 16 + p % 32 / 2) << i;
-      float got;
-      std::memcpy(&got, &a[size_t(split.position(i)) * 4], 4);
-      EXPECT_EQ(got, v[size_t(i)]) << i;
-    }
-  }
-  // Layouts of fp32 values do not split.
-  EXPECT_FALSE(jit::XPrep(jit::XLayout::f32_kq4, jit::Isa::avx512_bf16, {}, true).split());
 }
 
 TEST(KernelKey, NameHashEquality) {

@@ -80,9 +80,6 @@ std::string pair_skip(const Variant& v, Format f) {
       !jit::has_tile_kernels(kf, fmt::default_group(kf, 0), v.flags))
     return std::string(v.name) + " has no kernels of its own for " + fmt::info(f).name + ": it runs the " +
            jit::isa_name(runs) + " kernels (docs/FORMATS.md)";
-  if (jit::isa_available(v.isa) && (v.flags & jit::kFlagSplitPairs) &&
-      !jit::can_split_pairs(v.isa, kf, v.flags))
-    return skip_message(v);
   if (jit::isa_available(v.isa))
     return std::string("this CPU lacks AVX512_VBMI for the ") + v.name + " decode";
   return skip_message(v);

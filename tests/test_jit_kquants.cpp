@@ -44,9 +44,6 @@ const Variant kVariants[] = {
     {jit::Isa::avx512_bf16, jit::kFlagNoVbmi, "avx512_bf16_novbmi"},
     {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs, "avx512_bf16_pairs"},
     {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs | jit::kFlagRowOrder, "avx512_bf16_pairs_row_order"},
-    // Intel's q6_K and q3_K: the pairs split into fp32 (kFlagSplitPairs).
-    {jit::Isa::avx512_bf16, jit::kFlagBf16Pairs | jit::kFlagRowOrder | jit::kFlagSplitPairs,
-     "avx512_bf16_pairs_split"},
     // The tile kernels (jit/decode_kquant_tile.cpp), on the tile unit and emulated.
     {jit::Isa::avx512_amx, 0, "avx512_amx"},
     {jit::Isa::avx512_amx, jit::kFlagTileEmu, "avx512_amx_emulated"}};
@@ -144,10 +141,8 @@ bool lanes(const Variant& v) {
 bool has_lanes(KQuant f) { return f == KQuant::q4_K || f == KQuant::q5_K; }
 // Whether a variant's f kernels scale sums of q x (the pairs, the tiles, the lanes).
 bool sums_first(const Variant& v, KQuant f) { return pairs(v) || tiles(v) || (has_lanes(f) && lanes(v)); }
-// Whether the pairs are split into fp32 and multiplied by vfmadd231ps (kFlagSplitPairs).
-bool split(const Variant& v) { return (v.flags & jit::kFlagSplitPairs) != 0; }
 // Whether they multiply bf16 (vdpbf16ps or tdpbf16ps), which flush.
-bool flushes(const Variant& v) { return (pairs(v) && !split(v)) || tiles(v); }
+bool flushes(const Variant& v) { return pairs(v) || tiles(v); }
 // The pair decodes of q3_K, q4_K and q5_K and their lanes use GFNI (every AMD
 // CPU with AVX512_BF16 has it); the variant's tests run where all five
 // generate. The emulated tile unit runs on avx512_bf16.
@@ -325,9 +320,7 @@ TEST(KQuantKernels, DecoderAndPreparedSums) {
       const jit::XPrep prep = jit::x_prep(v.isa, moejit::formats::Format(int32_t(f)), v.flags);
       const fm::KQuantTraits t = fm::kquant_traits(f);
       EXPECT_EQ(prep.sums().span, t.has_mins ? t.sub_block_size : 0) << v.name << " " << name(f);
-      EXPECT_EQ(prep.elem_bytes(), (pairs(v) && !split(v)) || tiles(v) ? 2u : 4u) << v.name << " " << name(f);
-      EXPECT_EQ(prep.split(), split(v)) << v.name << " " << name(f);
-      EXPECT_EQ(path.find("split into fp32") != std::string::npos, split(v)) << v.name << " " << name(f);
+      EXPECT_EQ(prep.elem_bytes(), pairs(v) || tiles(v) ? 2u : 4u) << v.name << " " << name(f);
       EXPECT_EQ(prep.tiled(), tiles(v)) << v.name << " " << name(f);
     }
   }

@@ -412,8 +412,7 @@ TEST(Plan, AllTilesRunsEveryFormatsTileKernels) {
 
 // A plan for another vendor's CPU (plan::Target::cpu, moejit-dump --cpu) takes
 // that vendor's flags: on Intel bf16's line prefetch, q2_K's fp32 decode,
-// q4_K's and q5_K's fp32 lanes, the pair kernels' row order (q6_K's) and bf16
-// pairs split into fp32 (avx512_bf16's decodes to bf16 pairs, x split too); on
+// q4_K's and q5_K's fp32 lanes and the pair kernels' row order (q6_K's); on
 // AMD none of them and the pairs of all. The
 // rest of the features stay the host's.
 TEST(Plan, TargetCpuTakesTheVendorsFlags) {
@@ -429,11 +428,7 @@ TEST(Plan, TargetCpuTakesTheVendorsFlags) {
     const uint32_t q4_intel = plan::matrix_plan(t, {Format::q4_K}, 64, 2048, 0).flags;
     const uint32_t q5_intel = plan::matrix_plan(t, {Format::q5_K}, 64, 2048, 0).flags;
     const uint32_t q6_intel = plan::matrix_plan(t, {Format::q6_K}, 64, 2048, 0).flags;
-    const plan::MatrixPlan q8_intel = plan::matrix_plan(t, {Format::q8_0}, 64, 2048, 0);
-    const uint32_t fp8_intel = plan::matrix_plan(t, {Format::fp8_block}, 64, 2048, 0).flags;
-    const uint32_t bf16_intel = plan::matrix_plan(t, {Format::bf16}, 64, 2048, 0).flags;
     t.cpu = &amd;
-    const plan::MatrixPlan q8_amd = plan::matrix_plan(t, {Format::q8_0}, 64, 2048, 0);
     EXPECT_EQ(plan::matrix_plan(t, {Format::bf16}, 64, 2048, 0).flags & jit::kFlagLinePrefetch, 0u);
     const uint32_t q2_amd = plan::matrix_plan(t, {Format::q2_K}, 64, 2048, 0).flags;
     const uint32_t q4_amd = plan::matrix_plan(t, {Format::q4_K}, 64, 2048, 0).flags;
@@ -451,16 +446,6 @@ TEST(Plan, TargetCpuTakesTheVendorsFlags) {
     EXPECT_EQ(q6_intel & (jit::kFlagBf16Pairs | jit::kFlagRowOrder),
               bf16 ? jit::kFlagBf16Pairs | jit::kFlagRowOrder : 0u)
         << jit::isa_name(isa);
-    // Intel splits avx512_bf16's bf16 pairs into fp32, and its x with them; AMD does not.
-    const uint32_t split = bf16 ? jit::kFlagSplitPairs : 0u;
-    EXPECT_EQ(q8_intel.flags & jit::kFlagSplitPairs, split) << jit::isa_name(isa);
-    EXPECT_EQ(fp8_intel & jit::kFlagSplitPairs, split) << jit::isa_name(isa);
-    EXPECT_EQ(q6_intel & jit::kFlagSplitPairs, split) << jit::isa_name(isa);
-    EXPECT_EQ(q4_intel & jit::kFlagSplitPairs, 0u) << jit::isa_name(isa);
-    EXPECT_EQ(bf16_intel & jit::kFlagSplitPairs, 0u) << jit::isa_name(isa);
-    EXPECT_EQ(q8_amd.flags & jit::kFlagSplitPairs, 0u) << jit::isa_name(isa);
-    EXPECT_EQ(jit::x_prep(q8_intel.isa, Format::q8_0, q8_intel.flags).split(), bf16) << jit::isa_name(isa);
-    EXPECT_FALSE(jit::x_prep(q8_amd.isa, Format::q8_0, q8_amd.flags).split()) << jit::isa_name(isa);
     // Without a cpu the plan is this host's.
     t.cpu = nullptr;
     EXPECT_EQ(plan::matrix_plan(t, {Format::q2_K}, 64, 2048, 0).flags,
@@ -933,7 +918,7 @@ TEST(DumpTool, JsonRawAndLayer) {
 
 // --cpu intel / amd: the kernels the runtime picks on that vendor (their
 // names carry the flags: _f2 bf16's line prefetch, _f4 the pairs, _f12 the
-// pairs in row order, _f64 bf16 pairs split into fp32, _f76 all three).
+// pairs in row order).
 TEST(DumpTool, CpuPicksTheVendorsKernels) {
   if (!jit::isa_available(jit::Isa::avx512_bf16)) GTEST_SKIP() << "this CPU lacks avx512_bf16";
   if (!jit::host_features().gfni) GTEST_SKIP() << "this CPU lacks GFNI (q4_K's pairs and lanes)";
@@ -948,10 +933,8 @@ TEST(DumpTool, CpuPicksTheVendorsKernels) {
        "q2_K_k2048_r64_m1_avx512bf16_f4"},
       {"--format q4_K --k 2048 --rows 64 --tokens 4", "q4_K_k2048_r64_m4_avx512bf16",
        "q4_K_k2048_r64_m4_avx512bf16_f4"},
-      {"--format q6_K --k 2048 --rows 64 --tokens 4", "q6_K_k2048_r64_m4_avx512bf16_f76",
+      {"--format q6_K --k 2048 --rows 64 --tokens 4", "q6_K_k2048_r64_m4_avx512bf16_f12",
        "q6_K_k2048_r64_m4_avx512bf16_f4"},
-      {"--format q8_0 --k 2048 --rows 64 --tokens 2", "q8_0_k2048_r64_m2_avx512bf16_f64",
-       "q8_0_k2048_r64_m2_avx512bf16"},
   };
   for (const auto& c : cases)
     for (const char* cpu : {"intel", "amd"}) {
@@ -966,7 +949,7 @@ TEST(DumpTool, CpuPicksTheVendorsKernels) {
           "--layer --format q6_K --hidden 2048 --intermediate 768 --experts 128 --top-k 8 --list "
           "--threads 2 --isa avx512_bf16 --cpu intel");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("q6_K_k2048_r32_m2_avx512bf16_f76\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("q6_K_k2048_r32_m2_avx512bf16_f12\n"), std::string::npos) << r.out;
 }
 
 TEST(DumpTool, BadArgumentsAndUnsupportedRequestsFailWithOneLine) {

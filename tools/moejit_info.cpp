@@ -166,10 +166,8 @@ std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) 
   const J::Isa kernels =
       J::kernel_isa(tier, kf, moejit::formats::default_group(f, 0), vbmi ? 0 : J::kFlagNoVbmi, all_tiles);
   uint32_t flags = kernels == J::Isa::avx512_bf16 && !vbmi ? J::kFlagNoVbmi : 0;
-  // The K-quants' bf16 pairs where the runtime asks for them (AMD; q6_K and q3_K
-  // on Intel), and on Intel the pairs split into fp32.
-  flags |= J::runtime_flags(kernels, kf, moejit::formats::default_group(f, 0)) &
-           (J::kFlagBf16Pairs | J::kFlagSplitPairs);
+  // The K-quants' bf16 pairs where the runtime asks for them (AMD; q6_K and q3_K on Intel).
+  flags |= J::runtime_flags(kernels, kf, moejit::formats::default_group(f, 0)) & J::kFlagBf16Pairs;
   std::string path = J::decode_path(kernels, kf, flags);
   // How formats the hardware prefetchers stream (bf16) prefetch on this CPU (jit/gemv.h).
   if (!J::streams_with_prefetch(kf))
