@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "formats/formats.h"
@@ -128,6 +129,22 @@ struct MoeData {
   std::vector<float> w;                   // [max_tokens, top_k]
   moejit_moe_desc desc() const;
 };
+
+// A problem of E experts (top_k 2) and up to max_tokens tokens; the other
+// fields keep MoeProblem's defaults.
+inline MoeProblem moe_problem(std::string name, moejit_format fmt, int H, int I, int E, int max_tokens,
+                              Fill fill, uint64_t seed) {
+  MoeProblem p;
+  p.name = std::move(name);
+  p.fmt = fmt;
+  p.H = H;
+  p.I = I;
+  p.E = E;
+  p.max_tokens = max_tokens;
+  p.fill = fill;
+  p.seed = seed;
+  return p;
+}
 
 MoeData make_moe(const MoeProblem& p);
 

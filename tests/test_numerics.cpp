@@ -326,12 +326,6 @@ std::vector<LinearProblem> linear_problems() {
   };
 }
 
-std::string sanitize(std::string s) {
-  for (char& c : s)
-    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-  return s;
-}
-
 }  // namespace
 
 // ------------------------------------------------------------------ MoE vs reference

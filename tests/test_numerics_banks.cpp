@@ -33,12 +33,6 @@ const auto Q80 = MOEJIT_FORMAT_Q8_0;
 const auto SB = MOEJIT_DTYPE_BF16;
 const auto SF = MOEJIT_DTYPE_F32;
 
-std::string sanitize(std::string s) {
-  for (char& c : s)
-    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-  return s;
-}
-
 bool skip_tier(moejit_isa tier) { return tier > moejit_host_isa(); }
 
 // Rows r0, r0 + step, ... (n of them) of m as a matrix of their own: weights,

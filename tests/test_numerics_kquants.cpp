@@ -32,24 +32,8 @@ const auto Q80 = MOEJIT_FORMAT_Q8_0;
 const auto OB = MOEJIT_DTYPE_BF16;
 const auto OF = MOEJIT_DTYPE_F32;
 
-std::string sanitize(std::string s) {
-  for (char& c : s)
-    if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-  return s;
-}
-
 MoeProblem moe(const char* name, moejit_format fmt, int H, int I, Fill fill, uint64_t seed) {
-  MoeProblem p;
-  p.name = name;
-  p.fmt = fmt;
-  p.H = H;
-  p.I = I;
-  p.E = 6;
-  p.top_k = 2;
-  p.max_tokens = 9;
-  p.fill = fill;
-  p.seed = seed;
-  return p;
+  return moe_problem(name, fmt, H, I, 6, 9, fill, seed);
 }
 
 MoeProblem separate(MoeProblem p, ProjSpec up, ProjSpec down) {

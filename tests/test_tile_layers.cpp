@@ -44,17 +44,7 @@ CtxPtr tile_ctx(int threads, bool dedup) {
 }
 
 MoeProblem moe(const std::string& name, moejit_format fmt, int H, int I, uint64_t seed) {
-  MoeProblem p;
-  p.name = name;
-  p.fmt = fmt;
-  p.H = H;
-  p.I = I;
-  p.E = 5;
-  p.top_k = 2;
-  p.max_tokens = 20;
-  p.fill = Fill::exact;
-  p.seed = seed;
-  return p;
+  return moe_problem(name, fmt, H, I, 5, 20, Fill::exact, seed);
 }
 
 std::vector<MoeProblem> problems() {
@@ -120,12 +110,7 @@ TEST_P(TileLayers, MoeMatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, TileLayers, ::testing::Range(0, int(problems().size())),
-                         [](const auto& info) {
-                           std::string s = problems()[size_t(info.param)].name;
-                           for (char& c : s)
-                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
-                           return s;
-                         });
+                         [](const auto& info) { return sanitize(problems()[size_t(info.param)].name); });
 
 // The same bits on 1 and 3 workers, and with dedup on and off, at 20 tokens.
 TEST(TileLayers, SameBitsForAnyThreadsAndDedup) {

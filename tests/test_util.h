@@ -21,6 +21,14 @@ inline std::string last_error() {
 
 inline bool is_ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
+// A problem's name as a gtest parameter name: every character but letters and
+// digits becomes '_'.
+inline std::string sanitize(std::string s) {
+  for (char& c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return s;
+}
+
 // True when `msg` mentions `arg` as a whole C expression: not preceded or
 // followed by an identifier character ("out" does not match "output_dtype",
 // "gate_up[3].data" matches "desc->gate_up[3].data is NULL").
