@@ -31,17 +31,10 @@ std::string tier_suffix(moejit_isa t) { return moejit_isa_name(t); }
 
 MoeProblem moe(const char* name, moejit_format fmt, moejit_dtype sdt, int H, int I, int E, int k,
                moejit_activation act, Fill fill, uint64_t seed) {
-  MoeProblem p;
-  p.name = name;
-  p.fmt = fmt;
+  MoeProblem p = moe_problem(name, fmt, H, I, E, MoeProblem().max_tokens, fill, seed);
   p.sdt = sdt;
-  p.H = H;
-  p.I = I;
-  p.E = E;
   p.top_k = k;
   p.act = act;
-  p.fill = fill;
-  p.seed = seed;
   return p;
 }
 
