@@ -144,6 +144,8 @@ uint32_t runtime_flags(Isa isa, formats::Format format, int32_t /*group*/, const
   // Without AVX512_VBMI the avx512_bf16 tier decodes without byte tables.
   if (needs_vbmi(isa, format, 0) && !cpu.avx512_vbmi) flags |= kFlagNoVbmi;
   if (cpu.intel && !streams_with_prefetch(format)) flags |= kFlagLinePrefetch;
+  // Intel's AVX-512 row kernels prefetch the line 3 KiB ahead into L1 (gemv.h).
+  if (cpu.intel && (isa == Isa::avx512 || isa == Isa::avx512_bf16)) flags |= kFlagNearL1;
   // Without GFNI, the decodes that use it (q4_K's and q5_K's fp32 lanes) have a form without it.
   if (!cpu.gfni) {
     const auto dec = make_decoder(decoder_key(isa, format, flags));

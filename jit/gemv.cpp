@@ -84,13 +84,17 @@ bool gemv_supported(const KernelKey& key, std::string* why, bool run_here) {
     return false;
   }
   if ((key.flags & ~(kFlagNoVbmi | kFlagLinePrefetch | kFlagBf16Pairs | kFlagRowOrder | kFlagNoGfni |
-                     kFlagTileEmu)) != 0) {
+                     kFlagTileEmu | kFlagNearL1)) != 0) {
     *why = "unknown kernel flags";
     return false;
   }
   if ((key.flags & kFlagLinePrefetch) && dec->streams_with_prefetch()) {
     *why = std::string("the line-prefetch flag is for formats the hardware prefetchers stream (bf16), not ") +
            formats::format_name(f);
+    return false;
+  }
+  if ((key.flags & kFlagNearL1) && !row_body_has_tier(key.isa)) {
+    *why = "the near-L1 prefetch flag is for the row kernels; the tile body has no near prefetch";
     return false;
   }
   if ((key.flags & kFlagRowOrder) && !(key.flags & kFlagBf16Pairs)) {

@@ -83,6 +83,19 @@ constexpr uint32_t kFlagNoGfni = 16;
 // only for a Context built with the test-only tile_emu (no API reaches it);
 // other tiers reject it.
 constexpr uint32_t kFlagTileEmu = 32;
+// The row body's near prefetch (kNearPrefetchBytes, below) into L1 with
+// prefetcht0, kNearL1PrefetchBytes ahead, instead of into L2 6 KiB ahead.
+// runtime_flags sets it on Intel for the AVX-512 row kernels (tiers avx512 and
+// avx512_bf16; the tile body has no near prefetch and rejects it). On the
+// 16-core Xeon (DeepSeek-V3, 16 threads, cold, the avx512_bf16 kernels of
+// 10-12 formats, both prefetches as arms of one process timed in turn, three
+// runs) the layers read 1.02-1.04x as much at one token, 1.01-1.03x at 16 and
+// 1.00-1.05x at 64 (geometric means over the formats; the 8-bit formats
+// 1.00-1.07x at one token; 2 KiB ahead 1.02-1.03x, 4 KiB 1.01x, 6 KiB 1.01x
+// at one token). On Zen 5 the same arms read 1.00x (mxfp8_e4m3 0.96x at one
+// token), so AMD keeps the L2 prefetch (docs/PERFORMANCE.md, "Intel tuning").
+// Only the prefetch changes: the same bits either way.
+constexpr uint32_t kFlagNearL1 = 64;
 
 // Whether a kernel's decode uses AVX512_VBMI: the vpermi2b byte tables of
 // 8-bit formats, and the vpermt2b that gathers a q4_0 chunk's quants.
@@ -112,6 +125,8 @@ std::string decode_path(Isa isa, formats::Format format, uint32_t flags);
 // 0-2 points above 4 with one thread). Past a matrix's last row it is a hint
 // that never faults.
 inline constexpr int kNearPrefetchBytes = 6144;
+// kFlagNearL1's near prefetch: prefetcht0 of the line this far ahead.
+inline constexpr int kNearL1PrefetchBytes = 3072;
 
 // Whether avx512_amx kernels exist for a format (a tile decode, jit/decoders.cpp):
 // every format has them (with AVX512_VBMI forced off, bf16, q4_0 and the
@@ -136,7 +151,8 @@ Isa kernel_isa(Isa tier, formats::Format format, int32_t group, uint32_t flags =
 
 // Flags the runtime uses for a kernel of this tier and format on this CPU
 // (kFlagNoVbmi where the byte tables cannot be used; kFlagLinePrefetch for
-// bf16 on Intel; kFlagBf16Pairs for the K-quants on AMD, q6_K and q3_K on Intel).
+// bf16 on Intel; kFlagBf16Pairs for the K-quants on AMD, q6_K and q3_K on Intel;
+// kFlagNearL1 for the AVX-512 row kernels on Intel).
 // `cpu`: another CPU's features (moejit-dump --cpu shows another vendor's kernels).
 uint32_t runtime_flags(Isa isa, formats::Format format, int32_t group,
                        const CpuFeatures& cpu = host_features());

@@ -244,10 +244,14 @@ class RowBody : public Generator {
     pf_span_ = span;
   }
   // The next prefetch pair: the later call's line, and this stream's line
-  // kNearPrefetchBytes ahead.
+  // kNearPrefetchBytes ahead into L2 (with kFlagNearL1, kNearL1PrefetchBytes
+  // ahead into L1).
   void emit_prefetch() {
     prefetcht1(ptr[reg_wk + reg_pfd + pf_next_]);
-    prefetcht1(ptr[reg_wk + pf_next_ + kNearPrefetchBytes]);
+    if (key_.flags & kFlagNearL1)
+      prefetcht0(ptr[reg_wk + pf_next_ + kNearL1PrefetchBytes]);
+    else
+      prefetcht1(ptr[reg_wk + pf_next_ + kNearPrefetchBytes]);
     pf_next_ += pf_stride();
   }
   void finish_prefetch_span() {
@@ -572,7 +576,7 @@ void RowBody::emit_block(int n, int ti) {
     // Each line read is matched by a prefetch of the same line of a later
     // call (into L2: measured ~1.5x faster cold than L1 prefetches here), or
     // one per kSparsePrefetchBytes in sparse kernels, and by one of the line
-    // kNearPrefetchBytes ahead.
+    // kNearPrefetchBytes (kFlagNearL1: kNearL1PrefetchBytes) ahead.
     while (pf_next_ <= dw_ + dec_->elem_byte(off) && pf_next_ < pf_span_) emit_prefetch();
     if (cnt == shape_.step) phase("decode");
     dec_->load_widen(Cursor{reg_wk, dw_}, off, cnt, regs_.w);

@@ -13,6 +13,7 @@
 // and GFNI decodes included (jit::gemv_supported's run_here). Keys the
 // generator rejects are counted as skipped: --check fails on their golden
 // lines, and --write drops them.
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -151,6 +152,33 @@ std::vector<jit::KernelKey> all_keys() {
   // q4_K and then q5_K without GFNI (kFlagNoGfni: every vector times its d sc[j]).
   for (Format f : {Format::q4_K, Format::q5_K})
     for (jit::Isa isa : {jit::Isa::avx512, jit::Isa::avx512_bf16}) add_kquant(f, isa, jit::kFlagNoGfni);
+  // Intel's AVX-512 row kernels (kFlagNearL1, with the rest of the flags Intel's
+  // runtime gives each format on a CPU with VBMI and GFNI, whatever the host's).
+  jit::CpuFeatures intel;
+  intel.avx512_vbmi = intel.gfni = intel.intel = true;
+  for (jit::Isa isa : {jit::Isa::avx512, jit::Isa::avx512_bf16})
+    for (int32_t id = 0; id <= formats::kMaxFormatId; ++id) {
+      const Format f = Format(id);
+      if (formats::kernel_format(f) != f) continue;  // ds_fp4 runs mxfp4's kernels
+      const formats::FormatInfo& fi = formats::info(f);
+      const int group = fi.scales == formats::ScaleKind::none ? 0 : formats::default_group(f, 0);
+      for (int k : {768, 2048, 7168})
+        for (int rows : {1, 16, 17}) {
+          jit::KernelKey key;
+          key.format = f;
+          key.k = k;
+          key.rows = rows;
+          key.group = group;
+          key.scale_stride = fi.stride_in_kernel ? formats::scale_cols(f, group, k) : 0;
+          key.isa = isa;
+          key.flags = jit::runtime_flags(isa, f, group, intel);
+          const int max_m = std::min(4, jit::max_tokens_per_call(key));
+          for (int m = 1; m <= max_m; ++m) {
+            key.tokens = m;
+            keys.push_back(key);
+          }
+        }
+    }
   return keys;
 }
 

@@ -513,6 +513,27 @@ TEST(LinePrefetch, OnlyForBf16AndOnIntel) {
   }
 }
 
+// kFlagNearL1 is for the row kernels (the tile body has no near prefetch), and
+// the runtime sets it on Intel only, for the AVX-512 tiers' row kernels.
+TEST(NearL1Prefetch, OnlyRowKernelsAndOnIntel) {
+  for (jit::Isa isa : {jit::Isa::avx2, jit::Isa::avx512, jit::Isa::avx512_bf16, jit::Isa::avx512_amx})
+    for (int32_t id = 0; id <= fmt::kMaxFormatId; ++id) {
+      const Format f = Format(id);
+      if (!fmt::known_format(id)) continue;
+      const uint32_t flags = jit::runtime_flags(isa, f, fmt::default_group(f, 0));
+      const bool avx512_rows = isa == jit::Isa::avx512 || isa == jit::Isa::avx512_bf16;
+      EXPECT_EQ((flags & jit::kFlagNearL1) != 0, avx512_rows && jit::host_features().intel)
+          << fmt::info(f).name << " on " << jit::isa_name(isa);
+    }
+  jit::KernelKey key =
+      make_key({jit::Isa::avx512_amx, jit::kFlagNearL1, ""}, Format::bf16, ScaleDtype::bf16, 256, 16, 1);
+  std::string why;
+  EXPECT_FALSE(jit::gemv_supported(key, &why, /*run_here=*/false)) << key.name();
+  EXPECT_NE(why.find("near-L1 prefetch flag"), std::string::npos) << why;
+  key.isa = jit::Isa::avx512_bf16;
+  EXPECT_TRUE(jit::gemv_supported(key, &why, /*run_here=*/false)) << key.name() << ": " << why;
+}
+
 TEST(KernelKey, NameHashEquality) {
   jit::KernelKey a;
   a.format = Format::fp8_block;

@@ -204,4 +204,48 @@ TEST_P(Kernels, MatchFloat64Reference) {
 INSTANTIATE_TEST_SUITE_P(FormatTier, Kernels, ::testing::ValuesIn(all_pairs()),
                          [](const auto& info) { return name_of(info.param); });
 
+// kFlagNearL1 (Intel's AVX-512 row kernels, jit/gemv.h) changes which line the
+// near prefetch takes and into which cache, never what a kernel computes: every
+// format's kernels with the flags Intel's runtime gives them (bf16 pairs,
+// fp32 lanes, the line prefetch), with and without it, give the same bits and
+// are different code, for one token and several.
+TEST(NearL1Prefetch, SameBitsDifferentCode) {
+  jit::CpuFeatures intel = jit::host_features();
+  intel.intel = true;
+  moejit_test::Rng rng(31);
+  int checked = 0;
+  for (jit::Isa isa : {jit::Isa::avx512, jit::Isa::avx512_bf16}) {
+    if (!jit::isa_available(isa)) continue;
+    for (int32_t id = 0; id <= fmt::kMaxFormatId; ++id) {
+      const Format f = Format(id);
+      const fmt::FormatInfo& fi = fmt::info(f);
+      const int group = groups_of(fi).back();
+      const uint32_t flags = jit::runtime_flags(isa, fmt::kernel_format(f), group, intel);
+      ASSERT_NE(flags & jit::kFlagNearL1, 0u) << fi.name << " on " << jit::isa_name(isa);
+      const Variant with{isa, flags, ""}, without{isa, flags & ~jit::kFlagNearL1, ""};
+      const int k = k_values(f, group).back();
+      const Bank b = make_bank(f, scale_dtypes_of(fi).front(), 17, k, rng, group);
+      for (int tokens : {1, 3}) {
+        const jit::KernelKey kw = key_of(with, b, 17, tokens), ko = key_of(without, b, 17, tokens);
+        std::string err;
+        if (!jit::gemv_supported(ko, &err)) continue;  // a decode this CPU lacks (VBMI, GFNI)
+        auto kern_w = jit::global_cache().get(kw, &err);
+        ASSERT_TRUE(kern_w) << kw.name() << ": " << err;
+        auto kern_o = jit::global_cache().get(ko, &err);
+        ASSERT_TRUE(kern_o) << ko.name() << ": " << err;
+        const bool same_code = kern_w->code_size() == kern_o->code_size() &&
+                               std::memcmp(kern_w->code(), kern_o->code(), kern_w->code_size()) == 0;
+        EXPECT_FALSE(same_code) << kw.name() << " is the same code as " << ko.name();
+        std::vector<float> x(size_t(k) * size_t(tokens));
+        for (float& v : x) v = float(int(rng() % 255) - 127) / 64.0f;  // exact in bf16
+        const std::vector<float> yw = run_kernel(*kern_w, b, x), yo = run_kernel(*kern_o, b, x);
+        ASSERT_EQ(yw.size(), yo.size());
+        EXPECT_EQ(std::memcmp(yw.data(), yo.data(), yw.size() * 4), 0) << kw.name();
+        ++checked;
+      }
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "this CPU has no AVX-512 tier";
+}
+
 }  // namespace

@@ -411,9 +411,9 @@ TEST(Plan, AllTilesRunsEveryFormatsTileKernels) {
 }
 
 // A plan for another vendor's CPU (plan::Target::cpu, moejit-dump --cpu) takes
-// that vendor's flags: on Intel bf16's line prefetch, q2_K's fp32 decode,
-// q4_K's and q5_K's fp32 lanes and the pair kernels' row order (q6_K's); on
-// AMD none of them and the pairs of all. The
+// that vendor's flags: on Intel bf16's line prefetch, the AVX-512 row kernels'
+// near prefetch into L1, q2_K's fp32 decode, q4_K's and q5_K's fp32 lanes and
+// the pair kernels' row order (q6_K's); on AMD none of them and the pairs of all. The
 // rest of the features stay the host's.
 TEST(Plan, TargetCpuTakesTheVendorsFlags) {
   jit::CpuFeatures intel = jit::host_features(), amd = jit::host_features();
@@ -428,6 +428,15 @@ TEST(Plan, TargetCpuTakesTheVendorsFlags) {
     const uint32_t q4_intel = plan::matrix_plan(t, {Format::q4_K}, 64, 2048, 0).flags;
     const uint32_t q5_intel = plan::matrix_plan(t, {Format::q5_K}, 64, 2048, 0).flags;
     const uint32_t q6_intel = plan::matrix_plan(t, {Format::q6_K}, 64, 2048, 0).flags;
+    // Intel's AVX-512 row kernels prefetch the stream ahead into L1, AMD's into L2.
+    const bool avx512 = isa != jit::Isa::avx2;
+    for (Format f : {Format::bf16, Format::fp8_block, Format::q4_K}) {
+      t.cpu = &intel;
+      EXPECT_EQ((plan::matrix_plan(t, {f}, 64, 2048, 0).flags & jit::kFlagNearL1) != 0, avx512)
+          << jit::isa_name(isa);
+      t.cpu = &amd;
+      EXPECT_EQ(plan::matrix_plan(t, {f}, 64, 2048, 0).flags & jit::kFlagNearL1, 0u) << jit::isa_name(isa);
+    }
     t.cpu = &amd;
     EXPECT_EQ(plan::matrix_plan(t, {Format::bf16}, 64, 2048, 0).flags & jit::kFlagLinePrefetch, 0u);
     const uint32_t q2_amd = plan::matrix_plan(t, {Format::q2_K}, 64, 2048, 0).flags;
@@ -451,11 +460,24 @@ TEST(Plan, TargetCpuTakesTheVendorsFlags) {
     EXPECT_EQ(plan::matrix_plan(t, {Format::q2_K}, 64, 2048, 0).flags,
               jit::host_features().intel ? q2_intel : q2_amd);
   }
+  // On avx512_amx, Intel's tile kernels (bf16, fp8_block) have no near
+  // prefetch; the formats it runs on avx512_bf16 kernels take the flag.
+  plan::Target t;
+  t.isa = jit::Isa::avx512_amx;
+  t.cpu = &intel;
+  for (Format f : {Format::bf16, Format::fp8_block, Format::q8_0, Format::q4_K}) {
+    const plan::MatrixPlan m = plan::matrix_plan(t, {f}, 64, 2048, 0);
+    EXPECT_EQ((m.flags & jit::kFlagNearL1) != 0, m.isa != jit::Isa::avx512_amx)
+        << moejit::formats::format_name(f);
+    std::string why;
+    EXPECT_TRUE(jit::gemv_supported(m.key(16, 1), &why, /*run_here=*/false)) << why;
+  }
 }
 
 // Every prefetch of a later call's line (base + distance register) is paired
 // with one of the same offset kNearPrefetchBytes ahead in the call's own stream
-// (base only), and the later call's lines are covered with no gap: offsets 0,
+// (base only; with kFlagNearL1 a prefetcht0 kNearL1PrefetchBytes ahead, and no
+// other), and the later call's lines are covered with no gap: offsets 0,
 // s, 2s, ... with s = 64 (one per line) or 1024 (bf16, one token, row body,
 // without kFlagLinePrefetch). Tile kernels (avx512_amx) read 16 rows at once
 // and have no near prefetch: row r's offsets are r * row_bytes + 0, 64, ...
@@ -479,49 +501,57 @@ TEST(Listing, PrefetchesALaterCallAndTheStreamAhead) {
                         {Format::bf16, 2048, 1, 64, lp},     {Format::bf16, 1000, 3, 64, 0},
                         {Format::bf16, 1000, 3, 64, lp}};
   const std::regex far_re(R"(prefetcht1 \[(r\w+)\+(r\w+)\*1(?:\+0x([0-9a-f]+))?\])");
-  const std::regex near_re(R"(prefetcht1 \[(r\w+)\+0x([0-9a-f]+)\])");
+  const std::regex near_l2_re(R"(prefetcht1 \[(r\w+)\+0x([0-9a-f]+)\])");
+  const std::regex near_l1_re(R"(prefetcht0 \[(r\w+)\+0x([0-9a-f]+)\])");
   std::vector<jit::Isa> isas = {host};
   if (host == jit::Isa::avx512_amx) isas.push_back(jit::Isa::avx512_bf16);
   const int rows = 3;
   for (jit::Isa isa : isas)
-    for (const Case& c : cases) {
-      jit::KernelKey key = runtime_key(c.format, c.k, isa, rows, c.tokens);
-      key.flags = (key.flags & ~lp) | c.line_prefetch;
-      std::string err, listing;
-      auto k = jit::global_cache().get(key, &err);
-      ASSERT_TRUE(k) << key.name() << ": " << err;
-      ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
-      std::multiset<int64_t> far, near;
-      std::set<std::string> bases;
-      for (const auto& line : instruction_lines(listing)) {
-        std::smatch m;
-        if (std::regex_search(line, m, far_re)) {
-          far.insert(m[3].matched ? std::stoll(m[3].str(), nullptr, 16) : 0);
-          bases.insert(m[1].str());
-        } else if (std::regex_search(line, m, near_re)) {
-          near.insert(std::stoll(m[2].str(), nullptr, 16) - jit::kNearPrefetchBytes);
-          bases.insert(m[1].str());
+    for (const Case& c : cases)
+      for (uint32_t l1 : {0u, jit::kFlagNearL1}) {
+        if (l1 && isa == jit::Isa::avx512_amx) continue;  // the tile body has no near prefetch
+        jit::KernelKey key = runtime_key(c.format, c.k, isa, rows, c.tokens);
+        key.flags = (key.flags & ~(lp | jit::kFlagNearL1)) | c.line_prefetch | l1;
+        const std::regex& near_re = l1 ? near_l1_re : near_l2_re;
+        const std::regex& other_re = l1 ? near_l2_re : near_l1_re;
+        const int64_t ahead = l1 ? jit::kNearL1PrefetchBytes : jit::kNearPrefetchBytes;
+        std::string err, listing;
+        auto k = jit::global_cache().get(key, &err);
+        ASSERT_TRUE(k) << key.name() << ": " << err;
+        ASSERT_TRUE(jit::kernel_listing(*k, &listing, &err)) << err;
+        std::multiset<int64_t> far, near;
+        std::set<std::string> bases;
+        for (const auto& line : instruction_lines(listing)) {
+          std::smatch m;
+          if (std::regex_search(line, m, far_re)) {
+            far.insert(m[3].matched ? std::stoll(m[3].str(), nullptr, 16) : 0);
+            bases.insert(m[1].str());
+          } else if (std::regex_search(line, m, near_re)) {
+            near.insert(std::stoll(m[2].str(), nullptr, 16) - ahead);
+            bases.insert(m[1].str());
+          } else if (key.isa != jit::Isa::avx512_amx) {
+            EXPECT_FALSE(std::regex_search(line, m, other_re)) << key.name() << ": " << line;
+          }
+        }
+        ASSERT_FALSE(far.empty()) << key.name() << " prefetches no later call";
+        const bool tile = key.isa == jit::Isa::avx512_amx;
+        if (tile)
+          EXPECT_TRUE(near.empty()) << key.name() << ": the tile body has no near prefetch";
+        else
+          EXPECT_EQ(near, far) << key.name() << ": the near prefetches do not pair with the later call's";
+        EXPECT_EQ(bases.size(), 1u) << key.name() << ": prefetches from more than one cursor";
+        const int64_t rb = moejit::formats::row_bytes(c.format, c.k);
+        for (int r = 0; r < (tile ? rows : 1); ++r) {
+          std::set<int64_t> offsets;
+          for (int64_t off : far)
+            if (!tile || off / rb == r) offsets.insert(tile ? off - r * rb : off);
+          int64_t expect = 0;
+          for (int64_t off : offsets) {
+            EXPECT_EQ(off, expect) << key.name() << " row " << r << ": a later call's line is not prefetched";
+            expect = off + (tile ? 64 : c.stride);
+          }
         }
       }
-      ASSERT_FALSE(far.empty()) << key.name() << " prefetches no later call";
-      const bool tile = key.isa == jit::Isa::avx512_amx;
-      if (tile)
-        EXPECT_TRUE(near.empty()) << key.name() << ": the tile body has no near prefetch";
-      else
-        EXPECT_EQ(near, far) << key.name() << ": the near prefetches do not pair with the later call's";
-      EXPECT_EQ(bases.size(), 1u) << key.name() << ": prefetches from more than one cursor";
-      const int64_t rb = moejit::formats::row_bytes(c.format, c.k);
-      for (int r = 0; r < (tile ? rows : 1); ++r) {
-        std::set<int64_t> offsets;
-        for (int64_t off : far)
-          if (!tile || off / rb == r) offsets.insert(tile ? off - r * rb : off);
-        int64_t expect = 0;
-        for (int64_t off : offsets) {
-          EXPECT_EQ(off, expect) << key.name() << " row " << r << ": a later call's line is not prefetched";
-          expect = off + (tile ? 64 : c.stride);
-        }
-      }
-    }
 }
 
 // A tile read in place (bf16, blocks of 16 rows) prefetches every line of each
@@ -917,8 +947,9 @@ TEST(DumpTool, JsonRawAndLayer) {
 }
 
 // --cpu intel / amd: the kernels the runtime picks on that vendor (their
-// names carry the flags: _f2 bf16's line prefetch, _f4 the pairs, _f12 the
-// pairs in row order).
+// names carry the flags: on Intel _f64 the near prefetch into L1, _f66 that and
+// bf16's line prefetch, _f76 that and the pairs in row order; on AMD _f4 the
+// pairs).
 TEST(DumpTool, CpuPicksTheVendorsKernels) {
   if (!jit::isa_available(jit::Isa::avx512_bf16)) GTEST_SKIP() << "this CPU lacks avx512_bf16";
   if (!jit::host_features().gfni) GTEST_SKIP() << "this CPU lacks GFNI (q4_K's pairs and lanes)";
@@ -927,13 +958,13 @@ TEST(DumpTool, CpuPicksTheVendorsKernels) {
     const char* intel;
     const char* amd;
   } cases[] = {
-      {"--format bf16 --k 2048 --rows 64 --tokens 1", "bf16_k2048_r64_m1_avx512bf16_f2",
+      {"--format bf16 --k 2048 --rows 64 --tokens 1", "bf16_k2048_r64_m1_avx512bf16_f66",
        "bf16_k2048_r64_m1_avx512bf16"},
-      {"--format q2_K --k 2048 --rows 64 --tokens 1", "q2_K_k2048_r64_m1_avx512bf16",
+      {"--format q2_K --k 2048 --rows 64 --tokens 1", "q2_K_k2048_r64_m1_avx512bf16_f64",
        "q2_K_k2048_r64_m1_avx512bf16_f4"},
-      {"--format q4_K --k 2048 --rows 64 --tokens 4", "q4_K_k2048_r64_m4_avx512bf16",
+      {"--format q4_K --k 2048 --rows 64 --tokens 4", "q4_K_k2048_r64_m4_avx512bf16_f64",
        "q4_K_k2048_r64_m4_avx512bf16_f4"},
-      {"--format q6_K --k 2048 --rows 64 --tokens 4", "q6_K_k2048_r64_m4_avx512bf16_f12",
+      {"--format q6_K --k 2048 --rows 64 --tokens 4", "q6_K_k2048_r64_m4_avx512bf16_f76",
        "q6_K_k2048_r64_m4_avx512bf16_f4"},
   };
   for (const auto& c : cases)
@@ -949,7 +980,7 @@ TEST(DumpTool, CpuPicksTheVendorsKernels) {
           "--layer --format q6_K --hidden 2048 --intermediate 768 --experts 128 --top-k 8 --list "
           "--threads 2 --isa avx512_bf16 --cpu intel");
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("q6_K_k2048_r32_m2_avx512bf16_f12\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("q6_K_k2048_r32_m2_avx512bf16_f76\n"), std::string::npos) << r.out;
 }
 
 TEST(DumpTool, BadArgumentsAndUnsupportedRequestsFailWithOneLine) {

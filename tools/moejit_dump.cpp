@@ -196,8 +196,8 @@ bool layer_valid(const Args& a, const plan::MoeShape& l, std::string* why) {
 }
 
 // --cpu: this host's features, with the vendor asked for (the choices of
-// jit::runtime_flags that depend on it: kFlagLinePrefetch, q2_K's decode,
-// kFlagRowOrder).
+// jit::runtime_flags that depend on it: kFlagLinePrefetch, kFlagNearL1, the
+// K-quants' decodes, kFlagRowOrder).
 moejit::jit::CpuFeatures cpu_features(const std::string& cpu) {
   moejit::jit::CpuFeatures c = moejit::jit::host_features();
   if (cpu == "intel")

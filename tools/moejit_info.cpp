@@ -180,6 +180,24 @@ std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) 
   return kernels == tier ? path : std::string(J::isa_name(kernels)) + " kernels: " + path;
 }
 
+// How the row kernels of a context of tier `tier` prefetch the weights on this
+// CPU (jit/gemv.h: each line of a later call, and the line ahead in the call's
+// own stream, into L2 or, kFlagNearL1, into L1). Empty where no row kernels run.
+std::string prefetch_note(const std::string& tier) {
+  namespace J = moejit::jit;
+  const J::TierInfo* t = nullptr;
+  for (int i = 0; i < J::kTierCount; ++i)
+    if (tier == J::tier(i).name) t = &J::tier(i);
+  if (!t || t->isa == J::Isa::scalar) return "";
+  // q8_0 runs row kernels on every tier (avx512_amx: avx512_bf16's).
+  const J::Isa rows = J::kernel_isa(t->isa, moejit::formats::Format::q8_0, 32);
+  const bool l1 = J::runtime_flags(rows, moejit::formats::Format::q8_0, 32) & J::kFlagNearL1;
+  return "row kernels: every line ~" + std::to_string(moejit::kPrefetchBytes / 1024) +
+         " KiB ahead into L2 (a later call; bf16 as its line says), and " +
+         (l1 ? std::to_string(J::kNearL1PrefetchBytes / 1024) + " KiB ahead in the stream into L1 (Intel)"
+             : std::to_string(J::kNearPrefetchBytes / 1024) + " KiB ahead in the stream into L2");
+}
+
 // Asks the library: a 16 x 256 dense layer of each format on a default context.
 std::vector<FormatTier> format_tiers(std::string* context_error, std::string* context_tier) {
   std::vector<FormatTier> r;
@@ -310,6 +328,7 @@ int main(int argc, char** argv) {
     for (const auto& t : tiers)
       j["formats"].push_back(
           {{"format", t.format}, {"supported", t.supported}, {"tier", t.tier}, {"detail", t.detail}});
+    j["prefetch"] = prefetch_note(ctx_tier);
     j["caches"] = json::array();
     for (const auto& c : cache_list)
       j["caches"].push_back({{"name", cache_name(c)}, {"size", c.size}, {"shared_cpu_list", c.shared_with}});
@@ -344,6 +363,8 @@ int main(int argc, char** argv) {
     if (t.supported && !t.detail.empty()) std::printf(", %s", t.detail.c_str());
     std::printf("\n");
   }
+  if (const std::string pf = prefetch_note(ctx_tier); !pf.empty())
+    std::printf("prefetch    %s\n", pf.c_str());
   std::printf("caches     ");
   for (const auto& c : cache_list)
     std::printf(" %s %s (cpus %s)%s", cache_name(c).c_str(), c.size.c_str(), c.shared_with.c_str(),
