@@ -1055,6 +1055,15 @@ TEST(InfoTool, ReportsWhatTheLibraryRuns) {
         << line;
     const size_t f = r.out.find("  fp8_block   ");
     EXPECT_EQ(r.out.substr(f, r.out.find('\n', f) - f).find("prefetch:"), std::string::npos);
+    // The row kernels' near prefetch: into L1 on Intel's AVX-512 tiers (kFlagNearL1), else into L2.
+    const bool l1 = jit::host_features().intel && moejit_host_isa() >= MOEJIT_ISA_AVX512;
+    const size_t p = r.out.find("\nprefetch    row kernels: every line ~128 KiB ahead into L2");
+    ASSERT_NE(p, std::string::npos) << r.out;
+    const std::string pline = r.out.substr(p + 1, r.out.find('\n', p + 1) - p - 1);
+    EXPECT_NE(
+        pline.find(l1 ? "3 KiB ahead in the stream into L1 (Intel)" : "6 KiB ahead in the stream into L2"),
+        std::string::npos)
+        << pline;
   }
   // The K-quants' decode is the one the layers run: bf16 pairs where the
   // runtime asks for them (kFlagBf16Pairs: AMD, and q6_K and q3_K on Intel).
@@ -1078,6 +1087,8 @@ TEST(InfoTool, ReportsWhatTheLibraryRuns) {
   if (jit::isa_available(jit::Isa::avx2)) {
     EXPECT_NE(r.out.find("\"context_isa\": \"avx2\""), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("\"tier\": \"avx2\""), std::string::npos) << r.out;
+    // avx2's row kernels prefetch the stream into L2 on every vendor.
+    EXPECT_NE(r.out.find("6 KiB ahead in the stream into L2\""), std::string::npos) << r.out;
   }
   EXPECT_NE(r.out.find("\"value\": \"/nonexistent/x\""), std::string::npos) << r.out;
 
