@@ -180,17 +180,14 @@ std::string decode_detail(moejit::formats::Format f, moejit_isa isa, bool vbmi) 
   return kernels == tier ? path : std::string(J::isa_name(kernels)) + " kernels: " + path;
 }
 
-// How the row kernels of a context of tier `tier` prefetch the weights on this
+// How the row kernels of a context of tier `isa` prefetch the weights on this
 // CPU (jit/gemv.h: each line of a later call, and the line ahead in the call's
 // own stream, into L2 or, kFlagNearL1, into L1). Empty where no row kernels run.
-std::string prefetch_note(const std::string& tier) {
+std::string prefetch_note(moejit_isa isa) {
   namespace J = moejit::jit;
-  const J::TierInfo* t = nullptr;
-  for (int i = 0; i < J::kTierCount; ++i)
-    if (tier == J::tier(i).name) t = &J::tier(i);
-  if (!t || t->isa == J::Isa::scalar) return "";
+  if (isa == MOEJIT_ISA_SCALAR) return "";
   // q8_0 runs row kernels on every tier (avx512_amx: avx512_bf16's).
-  const J::Isa rows = J::kernel_isa(t->isa, moejit::formats::Format::q8_0, 32);
+  const J::Isa rows = J::kernel_isa(J::Isa(int(isa)), moejit::formats::Format::q8_0, 32);
   const bool l1 = J::runtime_flags(rows, moejit::formats::Format::q8_0, 32) & J::kFlagNearL1;
   return "row kernels: every line ~" + std::to_string(moejit::kPrefetchBytes / 1024) +
          " KiB ahead into L2 (a later call; bf16 as its line says), and " +
@@ -199,7 +196,7 @@ std::string prefetch_note(const std::string& tier) {
 }
 
 // Asks the library: a 16 x 256 dense layer of each format on a default context.
-std::vector<FormatTier> format_tiers(std::string* context_error, std::string* context_tier) {
+std::vector<FormatTier> format_tiers(std::string* context_error, moejit_isa* context_isa) {
   std::vector<FormatTier> r;
   moejit_context_desc cd{};
   cd.struct_size = sizeof(cd);
@@ -210,7 +207,7 @@ std::vector<FormatTier> format_tiers(std::string* context_error, std::string* co
     return r;
   }
   const moejit_isa isa = moejit_context_isa(ctx);
-  *context_tier = moejit_isa_name(isa);
+  *context_isa = isa;
   const bool vbmi = has_feature(features(), "avx512_vbmi");
   constexpr int32_t kRows = 16, kCols = 256;
   for (int32_t id = 0; id <= moejit_max_format_id(); ++id) {
@@ -300,8 +297,10 @@ int main(int argc, char** argv) {
   const auto feats = features();
   const Topology topo = topology();
   const auto cache_list = caches();
-  std::string ctx_error, ctx_tier;
-  const auto tiers = format_tiers(&ctx_error, &ctx_tier);
+  std::string ctx_error;
+  moejit_isa ctx_isa = MOEJIT_ISA_SCALAR;
+  const auto tiers = format_tiers(&ctx_error, &ctx_isa);
+  const std::string ctx_tier = moejit_isa_name(ctx_isa);
   const char* host = moejit_isa_name(moejit_host_isa());
 
   if (as_json) {
@@ -328,7 +327,7 @@ int main(int argc, char** argv) {
     for (const auto& t : tiers)
       j["formats"].push_back(
           {{"format", t.format}, {"supported", t.supported}, {"tier", t.tier}, {"detail", t.detail}});
-    j["prefetch"] = prefetch_note(ctx_tier);
+    j["prefetch"] = prefetch_note(ctx_isa);
     j["caches"] = json::array();
     for (const auto& c : cache_list)
       j["caches"].push_back({{"name", cache_name(c)}, {"size", c.size}, {"shared_cpu_list", c.shared_with}});
@@ -363,8 +362,7 @@ int main(int argc, char** argv) {
     if (t.supported && !t.detail.empty()) std::printf(", %s", t.detail.c_str());
     std::printf("\n");
   }
-  if (const std::string pf = prefetch_note(ctx_tier); !pf.empty())
-    std::printf("prefetch    %s\n", pf.c_str());
+  if (const std::string pf = prefetch_note(ctx_isa); !pf.empty()) std::printf("prefetch    %s\n", pf.c_str());
   std::printf("caches     ");
   for (const auto& c : cache_list)
     std::printf(" %s %s (cpus %s)%s", cache_name(c).c_str(), c.size.c_str(), c.shared_with.c_str(),
