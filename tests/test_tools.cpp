@@ -331,7 +331,7 @@ TEST_P(TierListing, UsesTheTiersInstructions) {
   jit::KernelKey key = runtime_key(c.format, any_k ? 1000 : 1024, c.isa, 5, 2, c.no_vbmi);
   // Tile kernels the layers do not run (jit/gemv.h, kernel_isa): the same key on the tile tier,
   // less the row kernels' near prefetch into L1 (Intel's kFlagNearL1; the tile body has none).
-  if (c.isa == jit::Isa::avx512_amx && key.isa != c.isa && jit::has_tile_kernels(c.format, key.group)) {
+  if (c.isa == jit::Isa::avx512_amx && jit::has_tile_kernels(c.format, key.group)) {
     key.isa = c.isa;
     key.flags &= ~jit::kFlagNearL1;
   }
