@@ -22,7 +22,7 @@ struct Args {
   bool demo = false, csv = false, json = false, bias = false, hot = false, progress = false, probe = false;
   std::string preset = "qwen3-30b-a3b", activation, gate_up, layout, scale_dtype, output_dtype,
               read_variant = "best";
-  std::string dedup = "on", routing = "uniform", peer = "none", plot, profile;
+  std::string dedup = "on", routing = "uniform", peer = "none", baseline, plot, profile;
   int32_t hidden = 0, intermediate = 0, experts = 0, top_k = 0, group_size = 0, warmup = 3, probe_passes = 5;
   int64_t l3_bytes = 0;
   float swiglu_alpha = 0, swiglu_limit = 0;
@@ -86,6 +86,9 @@ void add_options(CLI::App& app, Args& a) {
       ->capture_default_str();
   app.add_option("--peer", a.peer, "none | onednn: the same MoE work through oneDNN matmuls, side by side")
       ->capture_default_str();
+  app.add_option("--baseline", a.baseline,
+                 "PATH: another build of libmoejit (its libmoejit.so.1), loaded beside this one: every case "
+                 "runs it as one more arm, interleaved in time, and reports this build's speed over it");
   app.add_option("--activation", a.activation, "silu|gelu|gelu_tanh|swiglu_oai|swiglu_clamp");
   app.add_option("--swiglu-alpha", a.swiglu_alpha, "swiglu alpha (0 = 1.702)");
   app.add_option("--swiglu-limit", a.swiglu_limit, "swiglu clamp limit (0 = none)");
@@ -224,6 +227,10 @@ void apply_sweeps(const CLI::App& app, const Args& a, Config* c) {
           "--peer onednn multiplies a fused gate_up: not with --layout separate");
   std::string why;
   require(peer_available(c->peer, &why), "--peer " + a.peer + ": " + why);
+  if (!a.baseline.empty()) {
+    c->baseline = load_api(a.baseline, &why);
+    require(c->baseline != nullptr, "--baseline " + a.baseline + ": " + why);
+  }
 }
 
 void apply_outputs(const CLI::App& app, const Args& a, Config* c) {
@@ -379,6 +386,7 @@ std::string repro(const Config& c, FormatChoice f, int32_t tokens, int32_t threa
   if (c.routing != RoutingKind::uniform) s += std::string(" --routing ") + routing_label(c.routing);
   if (c.routing == RoutingKind::skewed && c.zipf_s != 1.0) s += " --zipf " + number(c.zipf_s);
   if (c.peer == PeerKind::onednn) s += " --peer onednn";
+  if (c.baseline) s += " --baseline '" + c.baseline->path + "'";
   if (c.seed != 1) s += " --seed " + std::to_string(c.seed);
   if (c.l3_given) s += " --l3-bytes " + std::to_string(c.l3_bytes);
   if (c.read_forced) s += " --read-variant '" + c.read_variant.name() + "'";

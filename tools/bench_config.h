@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@ struct Config {
   DedupMode dedup = DedupMode::on;
   bool hot = false;
   PeerKind peer = PeerKind::none;
+  // --baseline: another build of libmoejit, each case's extra arm (null: none)
+  std::shared_ptr<const MoeApi> baseline;
   RoutingKind routing = RoutingKind::uniform;
   double zipf_s = 1.0;
   CaseSpec timing;  // min_time, min_calls, warmup

@@ -36,7 +36,7 @@ class CsvReporter : public Reporter {
         "lib_bytes_per_call,weight_gbps,dram_gbps,dram_ratio,off_median_us,off_min_us,off_gbps,"
         "off_lib_bytes_per_call,speedup_measured,speedup_model,stream_us,hot_us,bound_us,bound_ratio,peer,"
         "peer_status,peer_median_us,peer_gbps,peer_speedup,foreign_cpus,message,repro,dram_variant,"
-        "pool_slots,pool_bytes,pool_l3_multiple\n");
+        "pool_slots,pool_bytes,pool_l3_multiple,base_status,base_median_us,base_gbps,base_speedup\n");
   }
   void layer(const LayerInfo&) override {}
   void row(const CaseRow& r) override {
@@ -47,6 +47,7 @@ class CsvReporter : public Reporter {
     const CaseResult* off = both && r.off->ok() ? &*r.off : nullptr;
     const CaseResult* ok = p.ok() ? &p : nullptr;
     const CaseResult* peer = usable(r.peer) ? &*r.peer : nullptr;
+    const CaseResult* base = usable(r.base) ? &*r.base : nullptr;
     auto field = [](const CaseResult* res, double v, const char* f = "%.3f") {
       return res ? csv_num(v, f) : "";
     };
@@ -100,7 +101,11 @@ class CsvReporter : public Reporter {
                                              csv_quote(r.dram_variant),
                                              std::to_string(r.layer.pool_slots),
                                              std::to_string(r.layer.pool_bytes),
-                                             pool_l3};
+                                             pool_l3,
+                                             r.base ? status_label(r.base->status) : "",
+                                             field(base, base ? base->median_s * 1e6 : 0),
+                                             field(base, base ? base->weight_gbps : 0),
+                                             csv_num(d.base_speedup, "%.4f")};
     std::string line;
     for (const std::string& f : fields) line += (line.empty() && &f == &fields.front() ? "" : ",") + f;
     std::printf("%s\n", line.c_str());
@@ -185,6 +190,8 @@ class JsonReporter : public Reporter {
                    {"routing", routing_label(run.routing)},
                    {"zipf_s", run.zipf_s}};
     if (run.peer == PeerKind::onednn) doc_["run"]["omp_wait_policy"] = m.omp_wait_policy;
+    if (!run.baseline_path.empty())
+      doc_["run"]["baseline"] = {{"path", run.baseline_path}, {"version", run.baseline_version}};
     if (!m.tiles_env.empty()) doc_["run"]["moejit_tiles"] = m.tiles_env;
     doc_["formats"] = Json::array();
     doc_["cases"] = Json::array();
@@ -220,6 +227,7 @@ class JsonReporter : public Reporter {
       c["peer"] = result_json(*r.peer);
       c["peer"]["name"] = r.peer_label;
     }
+    if (r.base) c["baseline"] = result_json(*r.base);
     c["dram_gbps"] = r.dram_gbps;
     c["dram_variant"] = r.dram_variant;
     c["foreign_cpus"] = r.foreign_cpus;
@@ -231,7 +239,8 @@ class JsonReporter : public Reporter {
                     {"hot_us", num_or_null(d.hot_s * 1e6)},
                     {"bound_us", num_or_null(d.bound_s * 1e6)},
                     {"bound_ratio", num_or_null(d.bound_ratio)},
-                    {"peer_speedup", num_or_null(d.peer_speedup)}};
+                    {"peer_speedup", num_or_null(d.peer_speedup)},
+                    {"base_speedup", num_or_null(d.base_speedup)}};
     Json warnings = Json::array();
     for (const std::string& w : row_warnings(r, l3_)) warnings.push_back(w);
     if (!warnings.empty()) c["warnings"] = warnings;
@@ -269,6 +278,7 @@ Derived derive(const CaseRow& r) {
   d.bound_s = std::isfinite(d.stream_s) && std::isfinite(d.hot_s) ? std::max(d.stream_s, d.hot_s) : kNaN;
   d.bound_ratio = std::isfinite(d.bound_s) ? p.median_s / d.bound_s : kNaN;
   d.peer_speedup = ok && usable(r.peer) ? p.weight_gbps / r.peer->weight_gbps : kNaN;
+  d.base_speedup = ok && usable(r.base) ? p.weight_gbps / r.base->weight_gbps : kNaN;
   d.dram_ratio = ok && r.dram_gbps > 0 ? p.weight_gbps / r.dram_gbps : kNaN;
   return d;
 }
@@ -387,6 +397,8 @@ std::vector<std::string> row_warnings(const CaseRow& r, int64_t l3_bytes) {
                 ": 'hot' still streams from DRAM, not a compute floor");
   if (r.peer && !r.peer->ok())
     w.push_back(r.peer_label + ": " + status_label(r.peer->status) + ": " + r.peer->message);
+  if (r.base && !r.base->ok() && r.primary().ok())
+    w.push_back(std::string("baseline: ") + status_label(r.base->status) + ": " + r.base->message);
   if (r.foreign_cpus > 0.2)
     w.push_back("other processes used " + strf("%.1f", r.foreign_cpus) +
                 " CPUs during this case: timing disturbed");

@@ -55,6 +55,7 @@ struct RunInfo {
   PeerKind peer = PeerKind::none;
   RoutingKind routing = RoutingKind::uniform;
   double zipf_s = 1.0;
+  std::string baseline_path, baseline_version;  // --baseline: the other build (empty: none)
 };
 
 struct LayerInfo {
@@ -78,6 +79,7 @@ struct CaseRow {
   std::optional<CaseResult> hot;      // the primary arm over the --hot layer
   std::optional<CaseResult> peer;     // --peer, same routing and tokens
   std::string peer_label;             // "onednn bf16", ...
+  std::optional<CaseResult> base;     // --baseline: the other build's arm (the primary's dedup)
   double dram_gbps = 0;               // median of the DRAM passes interleaved with the case (spec.threads)
   int dram_passes = 0;
   std::string dram_variant;  // the read variant of those passes
@@ -97,6 +99,7 @@ struct Derived {
   double bound_s = 0;           // max(stream_s, hot_s)
   double bound_ratio = 0;       // primary median / bound_s
   double peer_speedup = 0;      // primary GB/s / peer GB/s
+  double base_speedup = 0;      // primary GB/s / baseline GB/s
   double dram_ratio = 0;        // primary GB/s / DRAM GB/s
 };
 Derived derive(const CaseRow& row);

@@ -15,19 +15,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct ContextDeleter {
-  void operator()(moejit_context* c) const { moejit_context_destroy(c); }
-};
-struct MoeDeleter {
-  void operator()(moejit_moe* m) const { moejit_moe_destroy(m); }
-};
-using ContextPtr = std::unique_ptr<moejit_context, ContextDeleter>;
-using MoePtr = std::unique_ptr<moejit_moe, MoeDeleter>;
+using ContextPtr = std::unique_ptr<moejit_context, decltype(&moejit_context_destroy)>;
+using MoePtr = std::unique_ptr<moejit_moe, decltype(&moejit_moe_destroy)>;
 
-// Records a failed call into `r`; returns false so callers can `return fail(...)`.
-bool fail(CaseResult* r, moejit_status st) {
+// Records a failed call of `api` into `r`; returns false so callers can `return fail(...)`.
+bool fail(const MoeApi& api, CaseResult* r, moejit_status st) {
   r->status = st == MOEJIT_UNSUPPORTED ? CaseStatus::unsupported : CaseStatus::error;
-  r->message = std::string(moejit_status_name(st)) + ": " + moejit_last_error();
+  r->message = std::string(api.status_name(st)) + ": " + api.last_error();
   return false;
 }
 
@@ -49,11 +43,11 @@ int64_t count_nonfinite(const std::vector<uint8_t>& y, moejit_dtype dt) {
   return bad;
 }
 
-bool read_stats(const moejit_moe* moe, moejit_moe_stats* s, CaseResult* r) {
+bool read_stats(const MoeApi& api, const moejit_moe* moe, moejit_moe_stats* s, CaseResult* r) {
   std::memset(s, 0, sizeof(*s));
   s->struct_size = sizeof(*s);
-  const moejit_status st = moejit_moe_stats_get(moe, s);
-  return st == MOEJIT_OK || fail(r, st);
+  const moejit_status st = api.moe_stats_get(moe, s);
+  return st == MOEJIT_OK || fail(api, r, st);
 }
 
 // Timed calls of one arm, accumulated over one or several slices.
@@ -116,11 +110,14 @@ class CallTimer {
   double bytes_ = 0, distinct_ = 0, timed_ = 0;
 };
 
-// One moejit layer in its own context, ready to be timed.
+// One moejit layer in its own context, ready to be timed, through `api` (the linked library or
+// a --baseline build).
 class MoeArm {
  public:
-  MoeArm(const Layer& layer, const Routing& routing, const CaseSpec& spec, int64_t first_call)
-      : layer_(layer),
+  MoeArm(const MoeApi& api, const Layer& layer, const Routing& routing, const CaseSpec& spec,
+         int64_t first_call)
+      : api_(api),
+        layer_(layer),
         routing_(routing),
         spec_(spec),
         timer_(routing, double(expert_bytes(spec.format, layer.geometry())), first_call,
@@ -133,28 +130,28 @@ class MoeArm {
     cd.max_isa = spec.max_isa;
     cd.flags = spec.dedup ? 0u : MOEJIT_CONTEXT_NO_DEDUP;
     moejit_context* raw_ctx = nullptr;
-    moejit_status st = moejit_context_create(&cd, &raw_ctx);
-    ctx_.reset(raw_ctx);
+    moejit_status st = api_.context_create(&cd, &raw_ctx);
+    ctx_ = ContextPtr(raw_ctx, api_.context_destroy);
     if (st != MOEJIT_OK) {
-      fail(&result_, st);
+      fail(api_, &result_, st);
       return;
     }
-    result_.isa = moejit_context_isa(ctx_.get());
-    result_.threads = moejit_context_num_threads(ctx_.get());
+    result_.isa = api_.context_isa(ctx_.get());
+    result_.threads = api_.context_num_threads(ctx_.get());
     const moejit_moe_desc desc = layer.desc(spec.tokens);
     moejit_moe* raw_moe = nullptr;
-    st = moejit_moe_create(ctx_.get(), &desc, &raw_moe);
-    moe_.reset(raw_moe);
+    st = api_.moe_create(ctx_.get(), &desc, &raw_moe);
+    moe_ = MoePtr(raw_moe, api_.moe_destroy);
     if (st != MOEJIT_OK) {
-      fail(&result_, st);
+      fail(api_, &result_, st);
       return;
     }
     x_ = random_activations(int64_t(spec.tokens) * g.hidden, 0x5EED + spec.tokens);
     y_.resize(size_t(spec.tokens) * size_t(g.hidden) * (g.output_dtype == MOEJIT_DTYPE_F32 ? 4 : 2));
     fn_ = [this](int64_t c) {
-      const moejit_status s = moejit_moe_forward(moe_.get(), spec_.tokens, x_.data(), ids_.data(),
-                                                 routing_.weights_of(c), y_.data());
-      return s == MOEJIT_OK || fail(&result_, s);
+      const moejit_status s = api_.moe_forward(moe_.get(), spec_.tokens, x_.data(), ids_.data(),
+                                               routing_.weights_of(c), y_.data());
+      return s == MOEJIT_OK || fail(api_, &result_, s);
     };
     ok_ = true;
   }
@@ -162,12 +159,14 @@ class MoeArm {
   bool ok() const { return ok_; }
   bool done() const { return !ok_ || timer_.done(spec_); }
   // Warm-up, then the library's counters as the start of the timed calls.
-  void warmup() { ok_ = ok_ && timer_.warmup(fn_, spec_) && read_stats(moe_.get(), &before_, &result_); }
+  void warmup() {
+    ok_ = ok_ && timer_.warmup(fn_, spec_) && read_stats(api_, moe_.get(), &before_, &result_);
+  }
   void run(double slice) { ok_ = ok_ && timer_.run(fn_, slice, spec_); }
 
   CaseResult finish() {
     moejit_moe_stats after;
-    if (!ok_ || !read_stats(moe_.get(), &after, &result_)) return result_;
+    if (!ok_ || !read_stats(api_, moe_.get(), &after, &result_)) return result_;
     timer_.finish(&result_);
     if (after.calls - before_.calls == uint64_t(result_.calls)) {
       const double calls = double(result_.calls);
@@ -179,14 +178,16 @@ class MoeArm {
   }
 
  private:
+  const MoeApi& api_;
   const Layer& layer_;
   const Routing& routing_;
   CaseSpec spec_;
   CallTimer timer_;
   std::vector<int32_t> ids_;  // the call's routes placed on the layer's slots
   CaseResult result_;
-  ContextPtr ctx_;
-  MoePtr moe_;
+  // Destroyed in reverse order: the layer before its context.
+  ContextPtr ctx_{nullptr, api_.context_destroy};
+  MoePtr moe_{nullptr, api_.moe_destroy};
   std::vector<uint16_t> x_;
   std::vector<uint8_t> y_;
   CallFn fn_;
@@ -204,15 +205,17 @@ bool time_loop(const CallFn& fn, const Routing& routing, double expert_bytes, co
   return true;
 }
 
-std::vector<CaseResult> run_arms(const Layer& layer, const std::vector<bool>& dedups, const Routing& routing,
+std::vector<CaseResult> run_arms(const Layer& layer, const std::vector<Arm>& arms_of, const Routing& routing,
                                  const CaseSpec& spec, const std::function<void()>& round) {
   std::vector<std::unique_ptr<MoeArm>> arms;
-  for (size_t i = 0; i < dedups.size(); ++i) {
+  for (size_t i = 0; i < arms_of.size(); ++i) {
     CaseSpec s = spec;
-    s.dedup = dedups[i];
+    s.dedup = arms_of[i].dedup;
     // Arms start at different places of the routing pool: no arm finds the experts of the
     // routing another arm just ran still in the cache.
-    arms.push_back(std::make_unique<MoeArm>(layer, routing, s, int64_t(i) * routing.pool / 2));
+    const int64_t first = int64_t(i) * routing.pool / int64_t(arms_of.size());
+    arms.push_back(
+        std::make_unique<MoeArm>(arms_of[i].api ? *arms_of[i].api : linked_api(), layer, routing, s, first));
   }
   for (auto& a : arms) a->warmup();
   const double slice = std::clamp(spec.min_time / 8, 0.02, 0.25);
@@ -230,7 +233,7 @@ std::vector<CaseResult> run_arms(const Layer& layer, const std::vector<bool>& de
 }
 
 CaseResult run_case(const Layer& layer, const Routing& routing, const CaseSpec& spec) {
-  return run_arms(layer, {spec.dedup}, routing, spec, {}).front();
+  return run_arms(layer, {Arm{spec.dedup, nullptr}}, routing, spec, {}).front();
 }
 
 double median(std::vector<double> v) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_api.h"
 #include "bench_layer.h"
 #include "moejit.h"
 
@@ -53,14 +54,21 @@ using PrepareFn = std::function<void(int64_t call)>;
 bool time_loop(const CallFn& fn, const Routing& routing, double expert_bytes, const CaseSpec& spec,
                CaseResult* r, const PrepareFn& prepare = {});
 
-// Times the arms of one case interleaved in time: arm i is `layer` with dedup = dedups[i] in its
-// own context (spec.threads, spec.max_isa); every call's routes go through layer.place (untimed),
+// One arm of a case: dedup on or off, through the linked library (api null) or another build.
+struct Arm {
+  bool dedup = true;
+  const MoeApi* api = nullptr;
+};
+
+// Times the arms of one case interleaved in time: arm i is `layer` with dedup = arms[i].dedup in
+// its own context (spec.threads, spec.max_isa) of arms[i]'s library; arm i starts its walk over
+// the routing pool i / arms.size() of the way in; every call's routes go through layer.place (untimed),
 // the cold cycle over the layer's slots. After every arm's warm-up, each round gives every arm
 // a slice of timed calls (spec.min_time / 8, clamped to [20 ms, 250 ms], at least one call) and
 // then calls `round` (the DRAM probe), until every arm has spec.min_calls calls and spec.min_time
 // seconds of them. A drift of the machine's bandwidth (a VM's host load) then hits every arm and
 // the probe alike, instead of whichever ran during it.
-std::vector<CaseResult> run_arms(const Layer& layer, const std::vector<bool>& dedups, const Routing& routing,
+std::vector<CaseResult> run_arms(const Layer& layer, const std::vector<Arm>& arms, const Routing& routing,
                                  const CaseSpec& spec, const std::function<void()>& round);
 
 // One arm (dedup = spec.dedup) on its own.

@@ -71,6 +71,9 @@ class TableReporter : public Reporter {
     if (run.routing == RoutingKind::skewed) std::printf(" (Zipf s=%g)", run.zipf_s);
     std::printf(", dedup %s%s%s\n", dedup_label(run.dedup), run.hot ? ", hot layer" : "",
                 run.peer == PeerKind::onednn ? ", peer oneDNN" : "");
+    if (!run.baseline_path.empty())
+      std::printf("baseline: moejit %s from %s, in this process beside moejit %s\n",
+                  run.baseline_version.c_str(), run.baseline_path.c_str(), m.version.c_str());
     if (!m.dedup_env.empty())
       std::printf("note: MOEJIT_DEDUP=%s in the environment%s\n", m.dedup_env.c_str(),
                   m.dedup_env == "0" ? ": every context runs without dedup, the 'on' arm included" : "");
@@ -194,6 +197,13 @@ class TableReporter : public Reporter {
       add("hot us", 9, false, [](const CaseRow&, const Derived& d) { return num(d.hot_s * 1e6, "%.1f"); });
       add("of bound", 8, false, [](const CaseRow&, const Derived& d) { return num(d.bound_ratio, "%.2fx"); });
     }
+    if (!run_.baseline_path.empty()) {
+      add("base us", 10, false, [](const CaseRow& r, const Derived&) {
+        return r.base && !r.base->ok() ? std::string(status_label(r.base->status)) : us(r.base);
+      });
+      add("base GB/s", 9, false, [](const CaseRow& r, const Derived&) { return gbps(r.base); });
+      add("x base", 7, false, [](const CaseRow&, const Derived& d) { return num(d.base_speedup, "%.3f"); });
+    }
     if (run_.peer == PeerKind::onednn) {
       add("onednn us", 10, false, [](const CaseRow& r, const Derived&) {
         return r.peer && !r.peer->ok() ? std::string(status_label(r.peer->status)) : us(r.peer);
@@ -222,6 +232,10 @@ class TableReporter : public Reporter {
            ") = max(DRAM us, hot us): DRAM us = bytes the plan streamed per call / DRAM GB/s, hot us = the "
            "same calls with every expert id backed by one expert's memory (cached); of bound = median us / "
            "bound\n";
+    if (!run_.baseline_path.empty())
+      s += std::string("base = the --baseline library (") + run_.baseline_version + ", " +
+           run_.baseline_path + ") on the same layer and routing, dedup as the " + arm +
+           " arm, interleaved in time with it; x base = this build's GB/s / base GB/s\n";
     if (run_.peer == PeerKind::onednn)
       s += std::string(
                "onednn = the same routing and tokens through oneDNN matmuls per distinct expert; "

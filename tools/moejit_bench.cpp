@@ -157,20 +157,24 @@ struct Runner {
                 moejit_isa_name(moejit_host_isa());
     if (c.dedup != DedupMode::off) row.on = r;
     if (c.dedup != DedupMode::on) row.off = r;
+    if (c.baseline) row.base = r;
   }
 
   void run_row(CaseRow& row, const Layer& layer, const Layer* hot, const Routing& routing,
                std::map<std::pair<int32_t, int32_t>, CaseResult>& peer_cache) {
     const CpuSample before = sample_cpu();
-    std::vector<bool> dedups;
-    if (c.dedup != DedupMode::off) dedups.push_back(true);
-    if (c.dedup != DedupMode::on) dedups.push_back(false);
+    std::vector<Arm> arms_of;
+    if (c.dedup != DedupMode::off) arms_of.push_back({true, nullptr});
+    if (c.dedup != DedupMode::on) arms_of.push_back({false, nullptr});
+    // The baseline library runs the primary arm's dedup, interleaved with the others.
+    if (c.baseline) arms_of.push_back({arms_of.front().dedup, c.baseline.get()});
     progress.step(c.dedup == DedupMode::both ? "dedup on and off, interleaved with the DRAM probe"
                                              : "interleaved with the DRAM probe");
     std::vector<double> passes;  // one DRAM read pass after every round of the arms
     const std::vector<CaseResult> arms =
-        run_arms(layer, dedups, routing, row.spec, [&] { passes.push_back(dram.pass(row.spec.threads)); });
-    for (size_t i = 0; i < arms.size(); ++i) (dedups[i] ? row.on : row.off) = arms[i];
+        run_arms(layer, arms_of, routing, row.spec, [&] { passes.push_back(dram.pass(row.spec.threads)); });
+    for (size_t i = 0; i < arms.size(); ++i)
+      (arms_of[i].api ? row.base : arms_of[i].dedup ? row.on : row.off) = arms[i];
     if (hot && row.primary().ok()) {
       progress.step("hot");
       CaseSpec spec = row.spec;
@@ -268,6 +272,10 @@ int run_all(const Config& c) {
   run.dedup = c.dedup;
   run.hot = c.hot;
   run.peer = c.peer;
+  if (c.baseline) {
+    run.baseline_path = c.baseline->path;
+    run.baseline_version = c.baseline->version;
+  }
   run.routing = c.routing;
   run.zipf_s = c.zipf_s;
   const MachineInfo machine = describe_machine(c, dram);
