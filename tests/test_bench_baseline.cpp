@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bench_api.h"
+#include "bench_report.h"
 #include "moejit.h"
 
 namespace {
@@ -65,6 +66,26 @@ TEST(BaselineLibrary, RefusesWhatIsNotAMoejitLibraryWithTheReason) {
   why.clear();
   EXPECT_EQ(load_api(info.dli_fname, &why), nullptr);
   EXPECT_NE(why.find("does not export moejit_abi_version"), std::string::npos) << why;
+}
+
+TEST(BaselineArm, ARowSaysWhenTheBaselineRanAnotherTierOrFailed) {
+  CaseRow row;
+  row.on = CaseResult{};
+  row.on->isa = MOEJIT_ISA_AVX512_BF16;
+  row.base = CaseResult{};
+  row.base->isa = MOEJIT_ISA_AVX512_BF16;
+  auto has = [](const std::vector<std::string>& w, const std::string& s) {
+    for (const std::string& x : w)
+      if (x.find(s) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_FALSE(has(row_warnings(row, 0), "baseline"));
+  row.base->isa = MOEJIT_ISA_AVX512;
+  EXPECT_TRUE(has(row_warnings(row, 0), "baseline ran tier avx512, this build avx512_bf16"));
+  row.base->status = CaseStatus::unsupported;
+  row.base->message = "MOEJIT_UNSUPPORTED: format 13";
+  EXPECT_TRUE(has(row_warnings(row, 0), "baseline: unsupported: MOEJIT_UNSUPPORTED: format 13"));
+  EXPECT_FALSE(has(row_warnings(row, 0), "baseline ran tier"));
 }
 
 #ifdef MOEJIT_BENCH_EXE

@@ -399,6 +399,9 @@ std::vector<std::string> row_warnings(const CaseRow& r, int64_t l3_bytes) {
     w.push_back(r.peer_label + ": " + status_label(r.peer->status) + ": " + r.peer->message);
   if (r.base && !r.base->ok() && r.primary().ok())
     w.push_back(std::string("baseline: ") + status_label(r.base->status) + ": " + r.base->message);
+  if (usable(r.base) && r.primary().ok() && r.base->isa != r.primary().isa)
+    w.push_back(std::string("baseline ran tier ") + moejit_isa_name(r.base->isa) + ", this build " +
+                moejit_isa_name(r.primary().isa));
   if (r.foreign_cpus > 0.2)
     w.push_back("other processes used " + strf("%.1f", r.foreign_cpus) +
                 " CPUs during this case: timing disturbed");
