@@ -22,7 +22,25 @@ namespace {
 
 using namespace moejit_bench;
 
+// Loading is refused, with the reason, in sanitizer builds (make check): the tests that load a
+// copy skip there, and this one runs there.
+#define SKIP_WITHOUT_LOADING()                          \
+  do {                                                  \
+    std::string reason;                                 \
+    if (!can_load_api(&reason)) GTEST_SKIP() << reason; \
+  } while (0)
+
+TEST(BaselineLibrary, SanitizerBuildsRefuseToLoadWithTheReason) {
+  std::string why;
+  if (can_load_api(&why)) GTEST_SKIP() << "not a sanitizer build: loading is allowed";
+  EXPECT_NE(why.find("sanitizer"), std::string::npos) << why;
+  std::string why_load;
+  EXPECT_EQ(load_api(MOEJIT_LIB_PATH, &why_load), nullptr);
+  EXPECT_EQ(why_load, why);
+}
+
 TEST(BaselineLibrary, LoadsASeparateCopyOfTheLibrary) {
+  SKIP_WITHOUT_LOADING();
   std::string why;
   const auto api = load_api(MOEJIT_LIB_PATH, &why);
   ASSERT_NE(api, nullptr) << why;
@@ -52,6 +70,7 @@ TEST(BaselineLibrary, LoadsASeparateCopyOfTheLibrary) {
 }
 
 TEST(BaselineLibrary, RefusesWhatIsNotAMoejitLibraryWithTheReason) {
+  SKIP_WITHOUT_LOADING();
   std::string why;
   EXPECT_EQ(load_api("/nonexistent/libmoejit.so.1", &why), nullptr);
   EXPECT_NE(why.find("/nonexistent/libmoejit.so.1"), std::string::npos) << why;
@@ -131,6 +150,7 @@ const char* const kSmall =
     "--l3-bytes 1M --probe-passes 1 --read-variant 'avx2 x1'";
 
 TEST(BaselineArm, EveryCaseRunsTheBaselineBesideItsArms) {
+  SKIP_WITHOUT_LOADING();
   int code = -1;
   const auto rows = bench_csv(std::string("--format q8_0,bf16 --tokens 1,3 --dedup both ") + kSmall +
                                   " --baseline " + MOEJIT_LIB_PATH,

@@ -28,7 +28,29 @@ bool bind(void* handle, const char* name, Fn* out, std::string* why) {
 
 }  // namespace
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define MOEJIT_BENCH_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define MOEJIT_BENCH_SANITIZED 1
+#endif
+
+bool can_load_api(std::string* why) {
+#ifdef MOEJIT_BENCH_SANITIZED
+  *why =
+      "this is a sanitizer build: a second copy of the library would load a second sanitizer runtime, which "
+      "aborts the process";
+  return false;
+#else
+  (void)why;
+  return true;
+#endif
+}
+
 std::shared_ptr<const MoeApi> load_api(const std::string& path, std::string* why) {
+  if (!can_load_api(why)) return nullptr;
   // A path without a slash would be looked up on the library search path, which finds the linked
   // library's own file under its soname: only files are taken.
   if (path.find('/') == std::string::npos) {

@@ -30,10 +30,15 @@ struct MoeApi {
 // The library this program is linked with.
 const MoeApi& linked_api();
 
+// False in sanitizer builds, with the reason: a second copy of the library in a namespace of its
+// own would load a second sanitizer runtime, which the sanitizers refuse (the process aborts).
+bool can_load_api(std::string* why);
+
 // Another build of libmoejit at `path`, loaded in a namespace of its own so that its symbols and
 // state (the thread pools, moejit_last_error) are apart from the linked library's. It must
 // export every function above and have this header's ABI version. Never unloaded. On failure:
-// null, and *why says what is wrong (the loader's message, the missing symbol, the ABI).
+// null, and *why says what is wrong (can_load_api's reason, the loader's message, the missing
+// symbol, the ABI).
 std::shared_ptr<const MoeApi> load_api(const std::string& path, std::string* why);
 
 }  // namespace moejit_bench
