@@ -45,7 +45,7 @@ TEST(BaselineLibrary, LoadsASeparateCopyOfTheLibrary) {
   const auto api = load_api(MOEJIT_LIB_PATH, &why);
   ASSERT_NE(api, nullptr) << why;
   EXPECT_EQ(api->path, MOEJIT_LIB_PATH);
-  EXPECT_EQ(api->version, moejit_version());
+  EXPECT_EQ(api->version_string, moejit_version());
   // Its own code, not the linked library's functions under other names.
   EXPECT_NE(reinterpret_cast<void*>(api->moe_forward), reinterpret_cast<void*>(&moejit_moe_forward));
   EXPECT_NE(reinterpret_cast<void*>(api->context_create), reinterpret_cast<void*>(&moejit_context_create));

@@ -5,11 +5,7 @@
 namespace moejit_bench {
 
 const MoeApi& linked_api() {
-  static const MoeApi api = [] {
-    MoeApi a;
-    a.version = moejit_version();
-    return a;
-  }();
+  static const MoeApi api;
   return api;
 }
 
@@ -66,18 +62,10 @@ std::shared_ptr<const MoeApi> load_api(const std::string& path, std::string* why
   }
   auto api = std::make_shared<MoeApi>();
   api->path = path;
-  const bool ok = bind(handle, "moejit_abi_version", &api->abi_version, why) &&
-                  bind(handle, "moejit_version", &api->get_version, why) &&
-                  bind(handle, "moejit_last_error", &api->last_error, why) &&
-                  bind(handle, "moejit_status_name", &api->status_name, why) &&
-                  bind(handle, "moejit_context_create", &api->context_create, why) &&
-                  bind(handle, "moejit_context_destroy", &api->context_destroy, why) &&
-                  bind(handle, "moejit_context_isa", &api->context_isa, why) &&
-                  bind(handle, "moejit_context_num_threads", &api->context_num_threads, why) &&
-                  bind(handle, "moejit_moe_create", &api->moe_create, why) &&
-                  bind(handle, "moejit_moe_destroy", &api->moe_destroy, why) &&
-                  bind(handle, "moejit_moe_forward", &api->moe_forward, why) &&
-                  bind(handle, "moejit_moe_stats_get", &api->moe_stats_get, why);
+  bool ok = true;
+#define MOEJIT_BENCH_API_BIND(name) ok = ok && bind(handle, "moejit_" #name, &api->name, why);
+  MOEJIT_BENCH_API(MOEJIT_BENCH_API_BIND)
+#undef MOEJIT_BENCH_API_BIND
   if (!ok) {
     dlclose(handle);
     return nullptr;
@@ -88,7 +76,7 @@ std::shared_ptr<const MoeApi> load_api(const std::string& path, std::string* why
     dlclose(handle);
     return nullptr;
   }
-  api->version = api->get_version();
+  api->version_string = api->version();
   return api;  // the handle stays open: contexts made through it may outlive any owner here
 }
 

@@ -10,21 +10,30 @@
 
 namespace moejit_bench {
 
+// The functions an arm calls, one list: MoeApi's members and what load_api binds. X(name) is
+// moejit_<name>.
+// clang-format off
+#define MOEJIT_BENCH_API(X) \
+  X(abi_version)            \
+  X(version)                \
+  X(last_error)             \
+  X(status_name)            \
+  X(context_create)         \
+  X(context_destroy)        \
+  X(context_isa)            \
+  X(context_num_threads)    \
+  X(moe_create)             \
+  X(moe_destroy)            \
+  X(moe_forward)            \
+  X(moe_stats_get)
+// clang-format on
+
 struct MoeApi {
-  std::string path;     // the library file; empty for the linked one
-  std::string version;  // its moejit_version()
-  decltype(&moejit_abi_version) abi_version = moejit_abi_version;
-  decltype(&moejit_version) get_version = moejit_version;
-  decltype(&moejit_last_error) last_error = moejit_last_error;
-  decltype(&moejit_status_name) status_name = moejit_status_name;
-  decltype(&moejit_context_create) context_create = moejit_context_create;
-  decltype(&moejit_context_destroy) context_destroy = moejit_context_destroy;
-  decltype(&moejit_context_isa) context_isa = moejit_context_isa;
-  decltype(&moejit_context_num_threads) context_num_threads = moejit_context_num_threads;
-  decltype(&moejit_moe_create) moe_create = moejit_moe_create;
-  decltype(&moejit_moe_destroy) moe_destroy = moejit_moe_destroy;
-  decltype(&moejit_moe_forward) moe_forward = moejit_moe_forward;
-  decltype(&moejit_moe_stats_get) moe_stats_get = moejit_moe_stats_get;
+  std::string path;            // the library file; empty for the linked one
+  std::string version_string;  // its moejit_version() (set for a loaded one)
+#define MOEJIT_BENCH_API_MEMBER(name) decltype(&moejit_##name) name = moejit_##name;
+  MOEJIT_BENCH_API(MOEJIT_BENCH_API_MEMBER)
+#undef MOEJIT_BENCH_API_MEMBER
 };
 
 // The library this program is linked with.

@@ -131,7 +131,7 @@ class MoeArm {
     cd.flags = spec.dedup ? 0u : MOEJIT_CONTEXT_NO_DEDUP;
     moejit_context* raw_ctx = nullptr;
     moejit_status st = api_.context_create(&cd, &raw_ctx);
-    ctx_ = ContextPtr(raw_ctx, api_.context_destroy);
+    ctx_.reset(raw_ctx);
     if (st != MOEJIT_OK) {
       fail(api_, &result_, st);
       return;
@@ -141,7 +141,7 @@ class MoeArm {
     const moejit_moe_desc desc = layer.desc(spec.tokens);
     moejit_moe* raw_moe = nullptr;
     st = api_.moe_create(ctx_.get(), &desc, &raw_moe);
-    moe_ = MoePtr(raw_moe, api_.moe_destroy);
+    moe_.reset(raw_moe);
     if (st != MOEJIT_OK) {
       fail(api_, &result_, st);
       return;
@@ -185,7 +185,7 @@ class MoeArm {
   CallTimer timer_;
   std::vector<int32_t> ids_;  // the call's routes placed on the layer's slots
   CaseResult result_;
-  // Destroyed in reverse order: the layer before its context.
+  // Deleters of api_'s library; destroyed in reverse order: the layer before its context.
   ContextPtr ctx_{nullptr, api_.context_destroy};
   MoePtr moe_{nullptr, api_.moe_destroy};
   std::vector<uint16_t> x_;

@@ -274,7 +274,7 @@ int run_all(const Config& c) {
   run.peer = c.peer;
   if (c.baseline) {
     run.baseline_path = c.baseline->path;
-    run.baseline_version = c.baseline->version;
+    run.baseline_version = c.baseline->version_string;
   }
   run.routing = c.routing;
   run.zipf_s = c.zipf_s;
