@@ -34,9 +34,8 @@ using namespace Xbyak::util;
 namespace {
 
 constexpr int kSuper = 256;  // elements of a super-block: the tile body's block
-// Opmasks: the call's tokens (lanes of a sums row) and the words 8..15 of a ymm (dmin's lanes).
+// Opmask: the call's tokens (lanes of a sums row).
 const Opmask k_tokens = k5;
-const Opmask k_hi_words = k6;
 
 const formats::FormatInfo& info_of(const KernelKey& key) { return formats::info(key.format); }
 
@@ -52,152 +51,188 @@ class KQuantTileRule : public ScaleRule {
   }
   int block_bytes() const override { return 0; }  // inline in the weights
   bool tile_ready() const override { return true; }
-  int stack_bytes() const override { return 16 * record_bytes(); }
+  int stack_bytes() const override { return 64 * (subs_ * (mins_ ? 2 : 1) + 2); }
   void prologue() override { a().sub(rsp, stack_bytes()); }
   // Only the tile body runs this rule (make_decoder gives the decode on the
   // tile tier alone), and it calls tile_apply.
   void apply(const ScaleBlock& /*b*/) override { assert(false && "tile bodies only"); }
   void tile_apply(const TileScaleBlock& b) override {
-    Generator& g = a();
-    if (b.group == 0)
-      for (int r = 0; r < b.rows; ++r) emit_record(b.block_w, r * b.row_bytes, r);
+    if (b.group == 0) emit_factors(b);
+    tile_fma_rows(b, rsp + d_off(b.group));
+    if (!mins_) return;
     const Zmm sx = Zmm(r_.scale.getIdx());
-    if (mins_) g.vmovups(sx | k_tokens | T_z, ptr[b.xsums.at(int64_t(b.group) * b.xsum_row_bytes)]);
-    for (int r = 0; r < b.rows; ++r) {
-      const Zmm c = Zmm(r_.w[r % 2].getIdx());
-      const int rec = record_bytes() * r;
-      g.vmovups(c, ptr[b.c.at(64 * r)]);
-      g.vfmadd231ps(b.totals[size_t(r)], c, ptr_b[rsp + rec + 4 * b.group]);
-      if (mins_) g.vfnmadd231ps(b.totals[size_t(r)], sx, ptr_b[rsp + rec + m_off() + 4 * b.group]);
-    }
+    a().vmovups(sx | k_tokens | T_z, ptr[b.xsums.at(int64_t(b.group) * b.xsum_row_bytes)]);
+    tile_fnma_rows_tokens(b, rsp + m_off(b.group), sx);
   }
   void emit_data() override;
 
  private:
-  // A row's record: D_j at 4 j, M_j at m_off() + 4 j.
-  int m_off() const { return 4 * subs_; }
-  int record_bytes() const { return 4 * subs_ * (mins_ ? 2 : 1); }
+  // The block's factors on the stack, one vector per sub-block, lane = row:
+  // D_j = d sc[j] at d_off(j), M_j = dmin m[j] at m_off(j); then d and dmin.
+  int d_off(int j) const { return 64 * j; }
+  int m_off(int j) const { return 64 * (subs_ + j); }
+  int d_slot() const { return 64 * subs_ * (mins_ ? 2 : 1); }
+  int dmin_slot() const { return d_slot() + 64; }
   Format format() const { return key_.format; }
-  // Row r's record from its super-block at w + row_off.
-  void emit_record(const Cursor& w, int64_t row_off, int r);
-  // dst = the fp16 at `at`, widened, on every lane; with `hi`, the fp16 at hi
-  // on lanes 8..15.
-  void bcast_halves(const Zmm& dst, const Address& at, const Address* hi = nullptr) {
-    const Ymm h = Ymm(dst.getIdx());
-    a().vpbroadcastw(h, at);
-    if (hi) a().vpbroadcastw(h | k_hi_words, *hi);
-    a().vcvtph2ps(dst, h);
-  }
-  // lane L = (q[idx[L]] >> shift[L]) & mask[L], q's dword lanes the scale bytes.
-  void pick(const Zmm& dst, const Zmm& q, const Label& idx, const Label& shift, const Label& mask) {
-    a().vmovdqu32(dst, ptr[rip + idx]);
-    a().vpermd(dst, dst, q);
-    a().vpsrlvd(dst, dst, ptr[rip + shift]);
-    a().vpandd(dst, dst, ptr[rip + mask]);
-  }
+  // Every row's factors of the block, from its scale bytes: gathered a dword
+  // per row (lane = row), so each factor is the same vertical shifts and masks
+  // on all 16 rows.
+  void emit_factors(const TileScaleBlock& b);
+  // dst lane r = the dword at byte `off` of the block in row r (0 past b.rows).
+  void gather(const Zmm& dst, const TileScaleBlock& b, int off);
+  // The fp16 in the low (or high) half of each dword of g, widened, to the stack at `slot`.
+  void store_half(const Zmm& g, bool high, int slot);
+  // The integer lanes of v to fp32, times the vector at `scale_slot`, to the stack at `slot`.
+  void store_factor(const Zmm& v, int scale_slot, int slot);
+  Address bcst(const Label& l) { return ptr_b[rip + l]; }
 
   int subs_;
   bool mins_;
-  Label l_idx1_, l_s1_, l_m1_, l_idx2_, l_s2_, l_m2_, l_c32_;
+  Label l_rows_, l_15_, l_63_, l_32_;
 };
 
-void KQuantTileRule::emit_record(const Cursor& w, int64_t row_off, int r) {
+void KQuantTileRule::gather(const Zmm& dst, const TileScaleBlock& b, int off) {
   Generator& g = a();
-  const Zmm q = Zmm(r_.w[0].getIdx()), lo = Zmm(r_.w[1].getIdx()), hi = Zmm(r_.w[2].getIdx()),
-            d = Zmm(r_.w[3].getIdx());
-  const Address rec = ptr[rsp + record_bytes() * r];
+  const Zmm idx = Zmm(r_.scale.getIdx());
+  if (b.rows == 16) {
+    g.kxnorw(k_sub, k_sub, k_sub);
+  } else {
+    g.mov(r_.tmp.cvt32(), (1u << b.rows) - 1);
+    g.kmovw(k_sub, r_.tmp.cvt32());
+  }
+  g.vpxord(dst, dst, dst);
+  g.vmovdqu32(idx, ptr[rip + l_rows_]);
+  g.vpgatherdd(dst | k_sub, ptr[b.block_w.at(off) + idx]);
+}
+
+void KQuantTileRule::store_half(const Zmm& v, bool high, int slot) {
+  Generator& g = a();
+  if (high) g.vpsrld(v, v, 16);
+  g.vpmovdw(Ymm(v.getIdx()), v);
+  g.vcvtph2ps(v, Ymm(v.getIdx()));
+  g.vmovaps(ptr[rsp + slot], v);
+}
+
+void KQuantTileRule::store_factor(const Zmm& v, int scale_slot, int slot) {
+  Generator& g = a();
+  g.vcvtdq2ps(v, v);
+  g.vmulps(v, v, ptr[rsp + scale_slot]);
+  g.vmovaps(ptr[rsp + slot], v);
+}
+
+void KQuantTileRule::emit_factors(const TileScaleBlock& b) {
+  Generator& g = a();
+  const Zmm g0 = Zmm(r_.w[0].getIdx()), g1 = Zmm(r_.w[1].getIdx()), g2 = Zmm(r_.w[2].getIdx()),
+            ta = Zmm(r_.w[3].getIdx()), tb = Zmm(r_.scale.getIdx());
+  // ta = (src >> shift) & mask (a left shift where shift < 0)
+  auto field = [&](const Zmm& dst, const Zmm& src, int shift) {
+    if (shift > 0)
+      g.vpsrld(dst, src, shift);
+    else if (shift < 0)
+      g.vpslld(dst, src, -shift);
+    else
+      g.vmovdqa32(dst, src);
+  };
+  // dst = bits 0..3 of lo, bits 4.. of hi, masked to 6 bits
+  auto join = [&](const Zmm& lo, const Zmm& hi) {
+    g.vpternlogd(lo, hi, bcst(l_15_), 0xE4);
+    g.vpandd(lo, lo, bcst(l_63_));
+  };
   switch (format()) {
     case Format::q4_K:
-    case Format::q5_K: {  // 12 packed bytes after d and dmin: lanes 0..7 sc[j], 8..15 m[j]
-      g.vpmovzxbd(q, ptr[w.at(row_off + 4)]);  // and 4 bytes after them, in the block
-      pick(lo, q, l_idx1_, l_s1_, l_m1_);
-      pick(hi, q, l_idx2_, l_s2_, l_m2_);
-      g.vpord(lo, lo, hi);
-      g.vcvtdq2ps(lo, lo);
-      const Address dmin = ptr[w.at(row_off + 2)];
-      bcast_halves(d, ptr[w.at(row_off)], &dmin);
-      g.vmulps(lo, lo, d);
-      g.vmovups(rec, lo);
+    case Format::q5_K: {
+      // d, dmin, then 12 packed bytes q[0..11] (ggml's get_scale_min_k4): for
+      // j < 4 sc[j] = q[j] & 63, m[j] = q[j + 4] & 63; for j >= 4 sc[j] =
+      // (q[j + 4] & 15) | (q[j - 4] >> 6) << 4, m[j] = (q[j + 4] >> 4) | (q[j] >> 6) << 4.
+      gather(g0, b, 0);
+      g.vmovdqa32(g1, g0);
+      store_half(g0, false, d_slot());
+      store_half(g1, true, dmin_slot());
+      gather(g0, b, 4);   // q[0..3]
+      gather(g1, b, 8);   // q[4..7]
+      gather(g2, b, 12);  // q[8..11]
+      for (int j = 0; j < 4; ++j) {
+        field(ta, g0, 8 * j);
+        g.vpandd(ta, ta, bcst(l_63_));
+        store_factor(ta, d_slot(), d_off(j));
+        field(ta, g1, 8 * j);
+        g.vpandd(ta, ta, bcst(l_63_));
+        store_factor(ta, dmin_slot(), m_off(j));
+      }
+      for (int i = 0; i < 4; ++i) {
+        field(ta, g2, 8 * i);
+        field(tb, g0, 8 * i + 2);
+        join(ta, tb);
+        store_factor(ta, d_slot(), d_off(4 + i));
+        field(ta, g2, 8 * i + 4);
+        field(tb, g1, 8 * i + 2);
+        join(ta, tb);
+        store_factor(ta, dmin_slot(), m_off(4 + i));
+      }
       return;
     }
-    case Format::q6_K:  // 16 int8 scales at 192, d at 208
-      g.vpmovsxbd(lo, ptr[w.at(row_off + 192)]);
-      g.vcvtdq2ps(lo, lo);
-      bcast_halves(d, ptr[w.at(row_off + 208)]);
-      g.vmulps(lo, lo, d);
-      g.vmovups(rec, lo);
+    case Format::q6_K:  // 16 int8 scales at 192, d at 208 (the high half of the dword at 206)
+      gather(g0, b, 206);
+      store_half(g0, true, d_slot());
+      for (int q = 0; q < 4; ++q) {
+        gather(g0, b, 192 + 4 * q);
+        for (int i = 0; i < 4; ++i) {
+          g.vpslld(ta, g0, 24 - 8 * i);
+          g.vpsrad(ta, ta, 24);
+          store_factor(ta, d_slot(), d_off(4 * q + i));
+        }
+      }
       return;
     case Format::q2_K:  // 16 bytes: sc in the low nibbles, m in the high; d at 80, dmin at 82
-      g.vpmovzxbd(q, ptr[w.at(row_off)]);
-      g.vpsrld(hi, q, 4);
-      g.vpandd(lo, q, ptr_b[rip + l_m1_]);  // a dword of 15
-      g.vcvtdq2ps(lo, lo);
-      g.vcvtdq2ps(hi, hi);
-      bcast_halves(d, ptr[w.at(row_off + 80)]);
-      g.vmulps(lo, lo, d);
-      g.vmovups(rec, lo);
-      bcast_halves(d, ptr[w.at(row_off + 82)]);
-      g.vmulps(hi, hi, d);
-      g.vmovups(ptr[rsp + record_bytes() * r + m_off()], hi);
+      gather(g0, b, 80);
+      g.vmovdqa32(g1, g0);
+      store_half(g0, false, d_slot());
+      store_half(g1, true, dmin_slot());
+      for (int q = 0; q < 4; ++q) {
+        gather(g0, b, 4 * q);
+        for (int i = 0; i < 4; ++i) {
+          field(ta, g0, 8 * i);
+          g.vpandd(ta, ta, bcst(l_15_));
+          store_factor(ta, d_slot(), d_off(4 * q + i));
+          field(ta, g0, 8 * i + 4);
+          g.vpandd(ta, ta, bcst(l_15_));
+          store_factor(ta, dmin_slot(), m_off(4 * q + i));
+        }
+      }
       return;
-    case Format::q3_K:  // 12 packed bytes at 96 (read from 94: the block ends at 110), d at 108
-      g.vpmovzxbd(q, ptr[w.at(row_off + 94)]);
-      pick(lo, q, l_idx1_, l_s1_, l_m1_);
-      pick(hi, q, l_idx2_, l_s2_, l_m2_);
-      g.vpslld(hi, hi, 4);
-      g.vpord(lo, lo, hi);
-      g.vpsubd(lo, lo, ptr_b[rip + l_c32_]);
-      g.vcvtdq2ps(lo, lo);
-      bcast_halves(d, ptr[w.at(row_off + 108)]);
-      g.vmulps(lo, lo, d);
-      g.vmovups(rec, lo);
+    case Format::q3_K: {
+      // ggml's q3_K scales, b[i] the 12 bytes at 96: sc[j] = (b[j % 8] >> 4 (j / 8)) & 15 |
+      // ((b[8 + j % 4] >> 2 (j / 4)) & 3) << 4, minus 32; d at 108 (the dword at 106).
+      gather(g0, b, 106);
+      store_half(g0, true, d_slot());
+      gather(g0, b, 96);
+      gather(g1, b, 100);
+      gather(g2, b, 104);
+      for (int j = 0; j < 16; ++j) {
+        field(ta, j % 8 < 4 ? g0 : g1, 8 * (j % 4) + 4 * (j / 8));
+        field(tb, g2, 8 * (j % 4) + 2 * (j / 4) - 4);
+        join(ta, tb);
+        g.vpsubd(ta, ta, bcst(l_32_));
+        store_factor(ta, d_slot(), d_off(j));
+      }
       return;
+    }
     default: assert(false);
   }
 }
 
 void KQuantTileRule::emit_data() {
   Generator& g = a();
-  auto table = [&](Label& l, const int(&v)[16]) {
-    g.L(l);
-    for (int e : v) g.dd(uint32_t(e));
-  };
   g.align(64);
-  switch (format()) {
-    case Format::q4_K:
-    case Format::q5_K: {
-      // ggml's get_scale_min_k4 on the packed bytes q[0..11]: sc[j] = q[j] & 63
-      // and m[j] = q[j + 4] & 63 for j < 4; sc[j] = (q[j + 4] & 15) |
-      // (q[j - 4] >> 6) << 4 and m[j] = (q[j + 4] >> 4) | (q[j] >> 6) << 4 for
-      // j >= 4. Lane L < 8 is sc[L], lane 8 + j m[j]: the first pick takes the
-      // low bits, the second the two high bits (>> 2, masked to bits 4 and 5).
-      table(l_idx1_, {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11});
-      table(l_s1_, {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4});
-      table(l_m1_, {63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15});
-      table(l_idx2_, {0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7});
-      table(l_s2_, {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2});
-      table(l_m2_, {0, 0, 0, 0, 48, 48, 48, 48, 0, 0, 0, 0, 48, 48, 48, 48});
-      return;
-    }
-    case Format::q2_K:
-      g.L(l_m1_);
-      g.dd(15);
-      return;
-    case Format::q3_K:
-      // ggml's q3_K scales: sc[j] = (b[j % 8] >> 4 (j / 8)) & 15 |
-      // ((b[8 + j % 4] >> 2 (j / 4)) & 3) << 4, minus 32; b[i] is lane i + 2
-      // of the load from byte 94.
-      table(l_idx1_, {2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9});
-      table(l_s1_, {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4});
-      table(l_m1_, {15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15});
-      table(l_idx2_, {10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13});
-      table(l_s2_, {0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6});
-      table(l_m2_, {3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3});
-      g.L(l_c32_);
-      g.dd(32);
-      return;
-    default: return;
-  }
+  g.L(l_rows_);  // lane r: row r's byte offset
+  const int64_t row_bytes = formats::row_bytes(key_.format, key_.k);
+  for (int r = 0; r < 16; ++r) g.dd(uint32_t(r * row_bytes));
+  g.L(l_15_);
+  g.dd(15);
+  g.L(l_63_);
+  g.dd(63);
+  g.L(l_32_);
+  g.dd(32);
 }
 
 class KQuantTileDecoder : public Decoder {
@@ -230,8 +265,6 @@ class KQuantTileDecoder : public Decoder {
     if (key_.format == Format::q6_K) g.vmovdqu16(Zmm(r_.c[2].getIdx()), ptr[rip + l_words_ + 64]);
     g.mov(r_.tmp.cvt32(), (1u << key_.tokens) - 1);
     g.kmovw(k_tokens, r_.tmp.cvt32());
-    g.mov(r_.tmp.cvt32(), 0xFF00);
-    g.kmovw(k_hi_words, r_.tmp.cvt32());
   }
   void emit_data() override {
     Generator& g = a();

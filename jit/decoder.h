@@ -92,15 +92,20 @@ struct StepBlock {
 };
 
 // One group of scales for ScaleRule::tile_apply (tile bodies): the group's
-// products of `rows` rows, one stored C tile row of fp32 per weight row (lanes
-// = tokens), gain each row's scale into that row's total.
+// products of `rows` rows x M tokens gain each row's scale into the running
+// totals. C and the totals are packed in `width` lanes per row (M rounded up
+// to a power of two): `width` vectors, vector i lane l row (16 i + l) / width
+// and token l % width (lanes of tokens past M hold 0), C stored with a row
+// stride of 4 width bytes. With one token a vector is the 16 rows; with 9 to 16
+// each vector is one row.
 struct TileScaleBlock {
-  Cursor c;                            // C tile rows: row r at c.at(64 r)
+  Cursor c;                            // the C tile, packed: vector i at c.at(64 i)
   Cursor w;                            // weights of the group in the first row (GGUF: d inline)
   Cursor s;                            // the group's scales at the scale cursor of the first row
   int64_t row_bytes = 0;               // weight bytes between rows
   int rows = 0;                        // rows of the block (16, fewer in the last)
-  std::span<const Xbyak::Xmm> totals;  // per row: the running total (lanes = tokens)
+  int width = 0;                       // lanes per row: vectors of C and of the totals
+  std::span<const Xbyak::Xmm> totals;  // the running totals, packed as C
   int group = 0;                       // the group's index in its block
   Cursor block_w;                      // the block's first weight byte in the first row
   // Where the decoder asks for sums of x (Decoder::xsum_span): the block's
@@ -108,6 +113,9 @@ struct TileScaleBlock {
   // (XPrep's tile layout).
   Cursor xsums;
   int xsum_row_bytes = 0;
+  // Width 2, 4 or 8: the body's index vectors (vpermps) onto the packed layout,
+  // at spread + 64 i lane l row (16 i + l) / width, then one of tokens l % width.
+  const Xbyak::Label* spread = nullptr;
 };
 
 // State shared by a decoder and its scale rule: the key, the shape and, once
@@ -195,6 +203,16 @@ class ScaleRule : public DecodePart {
   explicit ScaleRule(const KernelKey& key) : DecodePart(key) {}
   // tot[m] += sum[m] * scale for every token (an FMA each).
   void fma_tokens(const ScaleBlock& b, const Xbyak::Operand& scale);
+  // Tile bodies, on the packed totals: totals += C * (the row's value of
+  // `rows`, 16 fp32 at a 64-byte aligned address, lane = row), and totals -=
+  // (the row's value of `rows`) * (the token's value of `toks`, a vector whose
+  // lane t is token t). Each is one FMA per element, in any layout; they use
+  // r_.w[0..2] (free between steps).
+  void tile_fma_rows(const TileScaleBlock& b, const Xbyak::RegExp& rows);
+  void tile_fnma_rows_tokens(const TileScaleBlock& b, const Xbyak::RegExp& rows, const Xbyak::Zmm& toks);
+  // A tile rule's prologue with `bytes` (0 or 64) of stack: one vector of the
+  // rows' scales, zero so that rows past a block's stay 0.
+  void tile_scale_prologue(int bytes);
 };
 
 // Element decode of one family: facts, constants and data, load-and-widen.

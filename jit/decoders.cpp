@@ -7,6 +7,7 @@
 #include "formats/formats.h"
 #include "jit/cpu.h"
 #include "jit/gemv.h"
+#include "jit/tile_body.h"
 
 namespace moejit::jit {
 
@@ -15,6 +16,68 @@ using namespace Xbyak;
 
 void ScaleRule::fma_tokens(const ScaleBlock& b, const Operand& scale) {
   for (size_t m = 0; m < b.totals.size(); ++m) a().vfmadd231ps(b.totals[m], b.sums[m], scale);
+}
+
+namespace {
+
+// dst = the per-row values at `rows` (lane = row) spread onto vector i of a
+// packed layout of width 2, 4 or 8 (TileScaleBlock).
+void spread_rows(Generator& g, const TileScaleBlock& b, const RegExp& rows, int i, const Zmm& idx,
+                 const Zmm& dst) {
+  g.vmovdqu32(idx, g.ptr[g.rip + *b.spread + 64 * i]);
+  g.vpermps(dst, idx, g.ptr[rows]);
+}
+
+}  // namespace
+
+void ScaleRule::tile_scale_prologue(int bytes) {
+  if (bytes == 0) return;
+  Generator& g = a();
+  const Zmm z = Zmm(r_.scale.getIdx());
+  g.sub(g.rsp, bytes);
+  g.vpxord(z, z, z);
+  g.vmovaps(g.ptr[g.rsp], z);
+}
+
+void ScaleRule::tile_fma_rows(const TileScaleBlock& b, const RegExp& rows) {
+  Generator& g = a();
+  const Zmm c = Zmm(r_.w[0].getIdx()), idx = Zmm(r_.w[1].getIdx()), s = Zmm(r_.w[2].getIdx());
+  for (int i = 0; i < b.width; ++i) {
+    g.vmovups(c, g.ptr[b.c.at(64 * i)]);
+    if (b.width == 1) {
+      g.vfmadd231ps(b.totals[0], c, g.ptr[rows]);
+    } else if (b.width == kTileTokens) {
+      g.vfmadd231ps(b.totals[size_t(i)], c, g.ptr_b[rows + 4 * i]);
+    } else {
+      spread_rows(g, b, rows, i, idx, s);
+      g.vfmadd231ps(b.totals[size_t(i)], c, s);
+    }
+  }
+}
+
+void ScaleRule::tile_fnma_rows_tokens(const TileScaleBlock& b, const RegExp& rows, const Zmm& toks) {
+  Generator& g = a();
+  const Zmm t = Zmm(r_.w[0].getIdx()), idx = Zmm(r_.w[1].getIdx()), s = Zmm(r_.w[2].getIdx());
+  // The tokens' values on their lanes of every vector.
+  Zmm tv = toks;
+  if (b.width == 1) {
+    g.vbroadcastss(t, Xmm(toks.getIdx()));
+    tv = t;
+  } else if (b.width < kTileTokens) {
+    g.vmovdqu32(idx, g.ptr[g.rip + *b.spread + 64 * b.width]);
+    g.vpermps(t, idx, toks);
+    tv = t;
+  }
+  for (int i = 0; i < b.width; ++i) {
+    if (b.width == 1) {
+      g.vfnmadd231ps(b.totals[0], tv, g.ptr[rows]);
+    } else if (b.width == kTileTokens) {
+      g.vfnmadd231ps(b.totals[size_t(i)], tv, g.ptr_b[rows + 4 * i]);
+    } else {
+      spread_rows(g, b, rows, i, idx, s);
+      g.vfnmadd231ps(b.totals[size_t(i)], tv, s);
+    }
+  }
 }
 
 Decoder::Decoder(const KernelKey& key, XLayout layout, int vectors, std::unique_ptr<ScaleRule> rule)

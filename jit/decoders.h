@@ -67,8 +67,8 @@ std::unique_ptr<ScaleRule> make_byte_code_scale(const KernelKey& key);
 std::unique_ptr<ScaleRule> make_gguf_scale(const KernelKey& key);
 // The GGUF d rules' shared part (q8_0's two-block rule and GgufScale): groups
 // of 32, d inline in the weights, and on tiles each row's d widened
-// (vcvtph2ps from memory, no shuffle) to a stack slot that the FMA reads back
-// as its broadcast operand.
+// (vcvtph2ps from memory, no shuffle) to its lane of a vector on the stack,
+// which the FMAs read (ScaleRule::tile_fma_rows).
 class GgufTileScale : public ScaleRule {
  public:
   using ScaleRule::ScaleRule;
@@ -76,9 +76,7 @@ class GgufTileScale : public ScaleRule {
   int block_bytes() const override { return 0; }  // inline in the weights
   bool tile_ready() const override { return true; }
   int stack_bytes() const override { return key_.isa == Isa::avx512_amx ? 64 : 0; }
-  void prologue() override {
-    if (stack_bytes() > 0) a().sub(Xbyak::util::rsp, stack_bytes());
-  }
+  void prologue() override { tile_scale_prologue(stack_bytes()); }
   void tile_apply(const TileScaleBlock& b) override;
 };
 // The group rules of the byte-code scales (mxfp4 32, mxfp8 32/64/128, nvfp4 16, K a multiple).

@@ -54,7 +54,7 @@ class Block128Scale : public ScaleRule {
   void tile_apply(const TileScaleBlock& b) override {
     Generator& g = a();
     g.vbroadcastss(r_.scale, ptr[b.s.at()]);
-    for (int r = 0; r < b.rows; ++r) g.vfmadd231ps(b.totals[size_t(r)], r_.scale, ptr[b.c.at(64 * r)]);
+    for (int i = 0; i < b.width; ++i) g.vfmadd231ps(b.totals[size_t(i)], r_.scale, ptr[b.c.at(64 * i)]);
   }
   void apply(const ScaleBlock& b) override {
     // an embedded broadcast on AVX-512, one load otherwise
@@ -86,16 +86,21 @@ class ByteCodeScale : public ScaleRule {
   }
   void next_row() override { a().add(r_.scale_row, key_.scale_stride); }
   int block_bytes() const override { return shape_.groups; }
-  // Tile bodies: each row's code through the table.
+  // Tile bodies: each row's code through the table into a vector of the
+  // rows' scales on the stack (rows past the block's stay 0).
   bool tile_ready() const override { return true; }
+  int stack_bytes() const override { return key_.isa == Isa::avx512_amx ? 64 : 0; }
+  void prologue() override { tile_scale_prologue(stack_bytes()); }
   void next_rows(int n) override { a().add(r_.scale_row, n * key_.scale_stride); }
   void tile_apply(const TileScaleBlock& b) override {
     Generator& g = a();
+    const Xmm s = Xmm(r_.scale.getIdx());
     for (int r = 0; r < b.rows; ++r) {
       g.movzx(r_.tmp.cvt32(), byte[b.s.at(r * key_.scale_stride)]);
-      g.vbroadcastss(r_.scale, ptr[r_.aux + r_.tmp * 4]);
-      g.vfmadd231ps(b.totals[size_t(r)], r_.scale, ptr[b.c.at(64 * r)]);
+      g.vmovss(s, ptr[r_.aux + r_.tmp * 4]);
+      g.vmovss(ptr[rsp + 4 * r], s);
     }
+    tile_fma_rows(b, rsp);
   }
   // Two scales on the lanes of a two-group block; a tail block holding only
   // the first group reads one.
@@ -140,16 +145,12 @@ class GgufScale : public GgufTileScale {
 
 void GgufTileScale::tile_apply(const TileScaleBlock& b) {
   Generator& g = a();
-  const Xmm d = Xmm(r_.t[0].getIdx());
-  const Zmm c = Zmm(r_.scale.getIdx());
+  const Xmm d = Xmm(r_.scale.getIdx());
   for (int r = 0; r < b.rows; ++r) {
     g.vcvtph2ps(d, ptr[b.w.at(r * b.row_bytes)]);  // d and 3 quant pairs; lane 0 is d
     g.vmovss(ptr[rsp + 4 * r], d);
   }
-  for (int r = 0; r < b.rows; ++r) {
-    g.vmovups(c, ptr[b.c.at(64 * r)]);
-    g.vfmadd231ps(b.totals[size_t(r)], c, ptr_b[rsp + 4 * r]);
-  }
+  tile_fma_rows(b, rsp);
 }
 
 bool check_byte_groups(const KernelKey& key, std::string* why) {

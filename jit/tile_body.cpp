@@ -4,13 +4,17 @@
 // the row stride, tails aside); the activations of the call's M <= 16 tokens
 // are the B tiles (XPrep's tile layout: a run of 16 element pairs x M tokens
 // per chunk of 32, so a chunk is M lines: one with one token);
-// tdpbf16ps accumulates a C tile of 16 rows x M tokens. Scaled formats store
-// C after each scale group and add it, times each row's scale, to 16 running
-// totals (one zmm per row, lanes = tokens); groups of 16 take half steps (A
-// tiles of 16 bf16, B tiles of 8 pairs, two products per vector), and a
-// decoder with sums of x gets them as one more chunk of x after each block.
-// A block ends with a 16 x 16 transpose of the totals into y. No instruction depends on M but the tile
-// shapes, and each C element is one (row, token) dot product, so a token's
+// tdpbf16ps accumulates a C tile of 16 rows x M tokens, one step after the
+// step's decode (emit_rows). Scaled formats store C after each scale group,
+// packed in `width` lanes per row (M rounded up to a power of two:
+// TileScaleBlock), and the rule adds it, times each row's scale, to `width`
+// vectors of running totals: with one token one FMA per group for the 16
+// rows. Groups of 16 take half steps (A tiles of 16 bf16, B tiles of 8 pairs,
+// two products per vector), and a decoder with sums of x gets them as one
+// more chunk of x after each block. A block ends with the totals turned into
+// y (a 16 x 16 transpose but with one token). No instruction depends on M but
+// the tile shapes and the totals' layout, and each C element is one (row,
+// token) dot product scaled by the same FMAs in the same order, so a token's
 // bits are the same for every M. With kFlagTileEmu (tests) every tile
 // instruction is emulated with AVX512_BF16 code on tile registers in the
 // stack frame (t_load and the other t_* helpers), so the body runs on CPUs
@@ -22,6 +26,7 @@
 #include <cassert>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <vector>
 
 #include "formats/formats.h"
@@ -104,7 +109,7 @@ class TileBody : public Generator {
   const Opmask k_tail = k1;
 
   // Vectors 0-9 are the decoder's (as the row body lends them); 16-31 hold
-  // the totals of the block's rows; 10-15 are the body's. The transpose at
+  // the totals (the first width() of them with a rule); 10-15 are the body's. The transpose at
   // the end of a block takes 0-15 too, and the decoder's constants are loaded
   // again before the next block.
   Zmm v_w(int i) const { return Zmm(i); }
@@ -159,6 +164,7 @@ class TileBody : public Generator {
   int64_t stride_of(const Reg64& r) const {
     if (r.getIdx() == reg_rb.getIdx()) return row_bytes_;
     if (r.getIdx() == reg_s64.getIdx()) return 64;
+    if (r.getIdx() == reg_tmp.getIdx()) return 4 * width();  // C stores (flush_group)
     assert(r.getIdx() == reg_bs.getIdx());
     return b_row_bytes();
   }
@@ -176,12 +182,27 @@ class TileBody : public Generator {
   void emu_save(int cols_bytes = 0);
   void emu_restore();
 
+  // One decode step: `cnt` (<= step) elements from element `off` of a block of
+  // n_elems, at displacements from the cursors, into tile buffer set `set`.
+  struct Step {
+    int off = 0, cnt = 0, n_elems = 0;
+    int dw = 0;      // weights (bytes)
+    int64_t dx = 0;  // activations (elements)
+    int ds = 0;      // scales (bytes)
+    int set = 0;
+  };
+  // Whether step st's A tiles are the weights as they lie (bf16: no decode).
+  bool direct(const Step& st, int n) const {
+    return dec_->tile_direct() && n == kRows && st.cnt == shape_.step;
+  }
+
   void emit_body();
   void emit_data();
   void emit_rows(int n);
-  void emit_block(int j, int n_elems, int n);
-  void emit_step(int off, int cnt, int n);
-  void flush_group(int gi, int n);
+  void advance_cursors();
+  void decode_step(const Step& st, int n);
+  void product_step(const Step& st, int n);
+  void flush_group(const Step& st, int gi, int n);
   void store_rows(int n);
   void transpose();
 
@@ -190,8 +211,8 @@ class TileBody : public Generator {
   // near prefetch (the row body's kNearPrefetchBytes): 6 KiB ahead lands mostly
   // in rows of the same block, and the layer ran 3-8% faster without it
   // (docs/PERFORMANCE.md, "Tried") ----
-  void start_prefetch_span(int64_t span) {
-    pf_next_ = 0;
+  void start_prefetch_span(int64_t from, int64_t span) {
+    pf_next_ = from;
     pf_span_ = span;
   }
   void emit_prefetch(int n) {
@@ -210,12 +231,19 @@ class TileBody : public Generator {
   // x of the call's M tokens (XPrep, tile layouts): a B tile of 16 element
   // pairs x M tokens per chunk of 32 elements, its rows packed.
   int b_row_bytes() const { return 4 * key_.tokens; }
+  // Lanes per row of the packed C stores and totals (TileScaleBlock): the
+  // tokens rounded up to a power of two.
+  int width() const {
+    int w = 1;
+    while (w < key_.tokens) w *= 2;
+    return w;
+  }
   int b_chunk_bytes() const { return 16 * b_row_bytes(); }
   // x bytes of one block: its chunks, then its sums of x (one chunk) where the decoder asks for them.
   int x_block_bytes() const { return (shape_.block / 32 + (xsums_ ? 1 : 0)) * b_chunk_bytes(); }
-  // Byte of chunk c (32 elements from element off) of the block being emitted.
-  int64_t x_chunk_at(int off, int c) const {
-    return dx_ / shape_.block * x_block_bytes() + int64_t(off / 32 + c) * b_chunk_bytes();
+  // Byte of chunk c (32 elements from element off) of the block at element dx.
+  int64_t x_chunk_at(int64_t dx, int off, int c) const {
+    return dx / shape_.block * x_block_bytes() + int64_t(off / 32 + c) * b_chunk_bytes();
   }
 
   static constexpr int kEmuTiles = 6;  // tmm0..5: two C, two A, two B
@@ -233,15 +261,12 @@ class TileBody : public Generator {
   // Groups of 16 (nvfp4, the K-quants with 16-element sub-blocks): each vector
   // of 32 is two half steps of 16 elements, a tdpbf16ps and a group each.
   bool half_;
-  int dw_ = 0;            // byte displacements of the block being emitted: weights,
-  int64_t dx_ = 0;        // activations (elements),
-  int ds_ = 0;            // scales
-  int set_ = 0;           // tile buffer set of the next decoded step
   int cur_ = 0;           // C tile of the current group
   bool pending_ = false;  // products in C not yet added to the totals
   int64_t pf_next_ = 0;   // next line offset of the current region to prefetch
   int64_t pf_span_ = 0;   // bytes per row the current region reads
   Label l_cfg_;           // the tile palette
+  Label l_spread_;        // index vectors onto the packed totals (TileScaleBlock::spread)
   // The block's row totals, for the rule (tot(r)).
   const std::array<Xmm, kRows> totals_ = [] {
     std::array<Xmm, kRows> t;
@@ -323,10 +348,24 @@ void TileBody::emit_data() {
   }
   for (uint8_t b : cfg) db(b);
   align(64);
+  const int w = width();
+  if (rule_ && w > 1 && w < kRows) {
+    L(l_spread_);
+    for (int i = 0; i < w; ++i)
+      for (int l = 0; l < 16; ++l) dd(uint32_t((16 * i + l) / w));
+    for (int l = 0; l < 16; ++l) dd(uint32_t(l % w));
+  }
   dec_->emit_data();
 }
 
-// One block of n <= 16 rows over all of K, then its outputs.
+// One block of n <= 16 rows over all of K, then its outputs. Decoded steps
+// are multiplied one step later (software pipelining): a tileloadd that reads
+// the buffer stores of the instructions just before it waits for them to
+// reach L1 (no forwarding into tiles), and its products with it, so each
+// step's products come after the next step's decode. The loop decodes the
+// first step of its next iteration last; its final iteration is emitted after
+// it, with the blocks past the loop, and the last step's products end the row
+// block (docs/PERFORMANCE.md).
 void TileBody::emit_rows(int n) {
   phase("decode");
   dec_->emit_constants();  // the previous block's transpose took the decoder's registers
@@ -345,104 +384,175 @@ void TileBody::emit_rows(int n) {
   const int tail = int(key_.k % shape_.block);
   const int64_t iters = nfull / unroll_;
   const int rem = int(nfull % unroll_);
-  auto set_disp = [&](int j) {
-    dw_ = j * block_bytes;
-    dx_ = int64_t(j) * shape_.block;
-    ds_ = j * scale_bytes();
+  // The steps of blocks first .. first + count - 1 (and the tail block after
+  // them, if asked) from the cursors, buffer sets alternating from `set`.
+  auto steps_of = [&](int first, int count, bool with_tail, int set) {
+    std::vector<Step> out;
+    auto add_block = [&](int j, int n_elems) {
+      for (int off = 0; off < n_elems; off += shape_.step) {
+        Step st;
+        st.off = off;
+        st.cnt = std::min(shape_.step, n_elems - off);
+        st.n_elems = n_elems;
+        st.dw = j * block_bytes;
+        st.dx = int64_t(j) * shape_.block;
+        st.ds = j * scale_bytes();
+        st.set = set;
+        set ^= 1;
+        out.push_back(st);
+      }
+    };
+    for (int j = first; j < first + count; ++j) add_block(j, shape_.block);
+    if (with_tail && tail > 0) add_block(first + count, tail);
+    return out;
   };
-  if (iters > 0) {
+  const std::vector<Step> iter = steps_of(0, unroll_, false, 0);
+  const int64_t iter_bytes = int64_t(unroll_) * block_bytes;
+  std::optional<Step> pending;  // decoded, not yet multiplied
+  // Weights read in place (bf16) have no decode to wait for: no lag.
+  const bool lag = !dec_->tile_direct();
+  auto emit = [&](const Step& st) {
+    decode_step(st, n);
+    if (pending) product_step(*pending, n);
+    pending = st;
+    if (!lag) {
+      product_step(st, n);
+      pending.reset();
+    }
+  };
+  // Each buffer set keeps its place from one iteration to the next: an
+  // iteration is 256 elements in steps of 32, 64 or 128.
+  assert(iter.size() % 2 == 0);
+  if (iters > 0 && !lag) {
     Label l_k;
     mov(reg_kb, iters);
     L(l_k);
-    start_prefetch_span(int64_t(unroll_) * block_bytes);
-    for (int j = 0; j < unroll_; ++j) {
-      set_disp(j);
-      emit_block(j, shape_.block, n);
-    }
+    start_prefetch_span(0, iter_bytes);
+    for (const Step& st : iter) emit(st);
     finish_prefetch_span(n);
-    set_disp(0);
-    add(reg_wk, unroll_ * block_bytes);
-    add(reg_xk, unroll_ * x_block_bytes());
-    if (scale_bytes() > 0) add(reg_sk, unroll_ * scale_bytes());
+    advance_cursors();
     dec(reg_kb);
     jnz(l_k, T_NEAR);
+  } else if (iters > 0) {
+    Label l_k, l_last;
+    start_prefetch_span(0, 0);  // the loop's first iteration prefetches its lines
+    decode_step(iter[0], n);
+    pending = iter[0];
+    mov(reg_kb, iters);
+    L(l_k);
+    start_prefetch_span(0, iter_bytes);
+    for (size_t s = 1; s < iter.size(); ++s) emit(iter[s]);
+    finish_prefetch_span(n);
+    const Step last = *pending;
+    const int cur = cur_;  // the C tiles' state before `last`'s products, for both paths
+    const bool in_c = pending_;
+    cmp(reg_kb, 1);
+    je(l_last, T_NEAR);
+    Step next = iter[0];  // the next iteration's first step, decoded before the cursors move
+    next.dw += int(iter_bytes);
+    next.dx += int64_t(unroll_) * shape_.block;
+    next.ds += unroll_ * scale_bytes();
+    decode_step(next, n);
+    product_step(last, n);
+    advance_cursors();
+    dec(reg_kb);
+    jmp(l_k, T_NEAR);
+    L(l_last);  // the final iteration: no next step to decode
+    cur_ = cur;
+    pending_ = in_c;
+    product_step(last, n);
+    advance_cursors();
+    pending.reset();
   }
-  start_prefetch_span(row_bytes_ - (nfull - rem) * block_bytes);
-  for (int j = 0; j < rem; ++j) {
-    set_disp(j);
-    emit_block(j, shape_.block, n);
-  }
-  if (tail > 0) {
-    phase("tail");
-    set_disp(rem);
-    emit_block(rem, tail, n);
+  // The blocks past the loop and the tail, from the cursors as the loop left them.
+  const std::vector<Step> rest = steps_of(0, rem, true, 0);
+  start_prefetch_span(0, row_bytes_ - iters * iter_bytes);
+  for (const Step& st : rest) {
+    if (st.n_elems < shape_.block) phase("tail");
+    emit(st);
   }
   finish_prefetch_span(n);
-  set_disp(0);
+  if (pending) product_step(*pending, n);
   store_rows(n);
 }
 
-// n_elems (<= shape_.block) elements of block j from the cursors, for n rows.
-void TileBody::emit_block(int /*j*/, int n_elems, int n) {
-  for (int off = 0; off < n_elems; off += shape_.step)
-    emit_step(off, std::min(shape_.step, n_elems - off), n);
-  if (rule_ && pending_)
-    flush_group((n_elems - 1) / (shape_.block / shape_.groups), n);  // a partial block's last
+// After a loop iteration: the cursors to the next one.
+void TileBody::advance_cursors() {
+  add(reg_wk, unroll_ * dec_->block_bytes());
+  add(reg_xk, unroll_ * x_block_bytes());
+  if (scale_bytes() > 0) add(reg_sk, unroll_ * scale_bytes());
 }
 
-// One decode step (cnt <= step elements from element `off` of the block) of n
-// rows, and its tile products; a scale group ends after its last vector.
-void TileBody::emit_step(int off, int cnt, int n) {
-  const bool direct = dec_->tile_direct() && n == kRows && cnt == shape_.step;
-  assert(!(direct && half_));      // A read in place is whole vectors (bf16: unscaled)
-  const int nv = (cnt + 31) / 32;  // vectors holding elements (natural order in each chunk)
-  while (pf_next_ <= dw_ + dec_->elem_byte(off) && pf_next_ < pf_span_) emit_prefetch(n);
-  if (!direct) {
-    if (cnt < shape_.step) set_tail_mask(cnt);
-    for (int r = 0; r < n; ++r) {
-      dec_->load_widen(Cursor{reg_wk, r * row_bytes_ + dw_}, off, cnt, regs_.w);
-      for (int v = 0; v < nv; ++v) vmovups(ptr[rsp + abuf_off(set_, v) + 64 * r], v_w(v));
-    }
+// Step st's decode of n rows into its tile buffer set.
+void TileBody::decode_step(const Step& st, int n) {
+  phase("decode");
+  if (direct(st, n)) return;
+  while (pf_next_ <= st.dw + dec_->elem_byte(st.off) && pf_next_ < pf_span_) emit_prefetch(n);
+  const int nv = (st.cnt + 31) / 32;  // vectors holding elements (natural order in each chunk)
+  if (st.cnt < shape_.step) set_tail_mask(st.cnt);
+  for (int r = 0; r < n; ++r) {
+    dec_->load_widen(Cursor{reg_wk, r * row_bytes_ + st.dw}, st.off, st.cnt, regs_.w);
+    for (int v = 0; v < nv; ++v) vmovups(ptr[rsp + abuf_off(st.set, v) + 64 * r], v_w(v));
   }
+}
+
+// Step st's tile products; a scale group ends after its last vector, and a
+// partial block's last group after its last step.
+void TileBody::product_step(const Step& st, int n) {
   phase("tdp");
+  const bool dir = direct(st, n);
+  assert(!(dir && half_));  // A read in place is whole vectors (bf16: unscaled)
+  if (dir)
+    while (pf_next_ <= st.dw + dec_->elem_byte(st.off) && pf_next_ < pf_span_) emit_prefetch(n);
   const int group = shape_.block / shape_.groups;
   // Pieces of `span` elements: a vector, or half of one in half steps.
-  const int span = half_ ? 16 : 32, pieces = (cnt + span - 1) / span;
+  const int span = half_ ? 16 : 32, pieces = (st.cnt + span - 1) / span;
   for (int p = 0; p < pieces; ++p) {
     const int v = half_ ? p / 2 : p, h = half_ ? p % 2 : 0;
     const Tmm& a = tmm_a[p % 2];
-    if (direct) {
-      const int64_t at = dw_ + dec_->elem_byte(off + 32 * v);
+    if (dir) {
+      const int64_t at = st.dw + dec_->elem_byte(st.off + 32 * v);
       for (int r = 0; r < kRows; ++r) prefetcht0(ptr[reg_wk + (r * row_bytes_ + at + kTileL1AheadBytes)]);
       t_load(a, reg_wk, at, reg_rb);
     } else
-      t_load(a, rsp, abuf_off(set_, v) + 32 * h, reg_s64);
-    t_load(tmm_b[p % 2], reg_xk, x_chunk_at(off, v) + h * 8 * b_row_bytes(), reg_bs);
+      t_load(a, rsp, abuf_off(st.set, v) + 32 * h, reg_s64);
+    t_load(tmm_b[p % 2], reg_xk, x_chunk_at(st.dx, st.off, v) + h * 8 * b_row_bytes(), reg_bs);
     t_dp(tmm_c[cur_], a, tmm_b[p % 2]);
     pending_ = true;
-    if (rule_ && (off + span * (p + 1)) % group == 0) flush_group((off + span * p) / group, n);
+    if (rule_ && (st.off + span * (p + 1)) % group == 0) flush_group(st, (st.off + span * p) / group, n);
   }
-  if (!direct) set_ ^= 1;
+  if (rule_ && pending_ && st.off + st.cnt == st.n_elems)
+    flush_group(st, (st.n_elems - 1) / group, n);  // a partial block's last
   phase("decode");
 }
 
-// Group gi of the current block: C to memory, zeroed, and the rule's FMAs.
-void TileBody::flush_group(int gi, int n) {
+// Group gi of step st's block: C to memory, zeroed, and the rule's FMAs.
+void TileBody::flush_group(const Step& st, int gi, int n) {
   phase("block-scale");
   const int cb = cbuf_off(cur_);
-  t_store(rsp, cb, reg_s64, tmm_c[cur_]);
+  // Packed (TileScaleBlock): rows width() dwords apart.
+  if (width() == kRows) {
+    t_store(rsp, cb, reg_s64, tmm_c[cur_]);
+  } else if (width() == key_.tokens) {
+    t_store(rsp, cb, reg_bs, tmm_c[cur_]);
+  } else {
+    mov(reg_tmp, 4 * width());
+    t_store(rsp, cb, reg_tmp, tmm_c[cur_]);
+  }
   t_zero(tmm_c[cur_]);
   TileScaleBlock b;
   b.c = Cursor{rsp, cb};
-  b.w = Cursor{reg_wk, dw_ + gi * (dec_->block_bytes() / shape_.groups)};
-  b.s = Cursor{reg_sk, ds_ + gi * (scale_bytes() / shape_.groups)};
+  b.w = Cursor{reg_wk, st.dw + gi * (dec_->block_bytes() / shape_.groups)};
+  b.s = Cursor{reg_sk, st.ds + gi * (scale_bytes() / shape_.groups)};
   b.row_bytes = row_bytes_;
   b.rows = n;
-  b.totals = totals_;
+  b.width = width();
+  b.totals = std::span<const Xmm>(totals_.data(), size_t(width()));
+  b.spread = &l_spread_;
   b.group = gi;
-  b.block_w = Cursor{reg_wk, dw_};
+  b.block_w = Cursor{reg_wk, st.dw};
   if (xsums_) {
-    b.xsums = Cursor{reg_xk, x_chunk_at(0, shape_.block / 32)};
+    b.xsums = Cursor{reg_xk, x_chunk_at(st.dx, 0, shape_.block / 32)};
     b.xsum_row_bytes = b_row_bytes();
   }
   rule_->tile_apply(b);
@@ -458,14 +568,20 @@ void TileBody::store_rows(int n) {
     t_store(rsp, cbuf_off(0), reg_s64, tmm_c[0]);
     for (int r = 0; r < kRows; ++r) vmovups(tot(r), ptr[rsp + cbuf_off(0) + 64 * r]);
   }
+  // With a rule the totals are packed (TileScaleBlock): width() vectors.
+  const int w = rule_ ? width() : kRows;
   const float factor = dec_->total_factor();
   if (factor != 1.0f) {
     uint32_t bits;
     std::memcpy(&bits, &factor, 4);
     broadcast_u32(v_tmp(), bits, reg_tmp.cvt32());
-    for (int r = 0; r < kRows; ++r) vmulps(tot(r), tot(r), v_tmp());
+    for (int r = 0; r < w; ++r) vmulps(tot(r), tot(r), v_tmp());
   }
-  transpose();  // tot(m): token m, lanes = rows
+  if (w > 1 && w < kRows) {  // unpacked through memory: tot(r), lanes = tokens
+    for (int i = 0; i < w; ++i) vmovups(ptr[rsp + cbuf_off(0) + 64 * i], tot(i));
+    for (int r = 0; r < kRows; ++r) vmovups(tot(r), ptr[rsp + cbuf_off(0) + 4 * w * r]);
+  }
+  if (w > 1) transpose();  // tot(m): token m, lanes = rows
   if (n < kRows) set_tail_mask(n);
   const bool globals = dec_->row_globals();
   if (globals) {
