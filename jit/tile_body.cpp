@@ -203,6 +203,8 @@ class TileBody : public Generator {
   void decode_step(const Step& st, int n);
   void product_step(const Step& st, int n);
   void flush_group(const Step& st, int gi, int n);
+  // The rule's FMAs of the group flush_group stored last, if not yet made.
+  void apply_deferred();
   void store_rows(int n);
   void transpose();
 
@@ -261,12 +263,13 @@ class TileBody : public Generator {
   // Groups of 16 (nvfp4, the K-quants with 16-element sub-blocks): each vector
   // of 32 is two half steps of 16 elements, a tdpbf16ps and a group each.
   bool half_;
-  int cur_ = 0;           // C tile of the current group
-  bool pending_ = false;  // products in C not yet added to the totals
-  int64_t pf_next_ = 0;   // next line offset of the current region to prefetch
-  int64_t pf_span_ = 0;   // bytes per row the current region reads
-  Label l_cfg_;           // the tile palette
-  Label l_spread_;        // index vectors onto the packed totals (TileScaleBlock::spread)
+  int cur_ = 0;                             // C tile of the current group
+  bool pending_ = false;                    // products in C not yet stored
+  std::optional<TileScaleBlock> deferred_;  // a group stored, its FMAs not yet made
+  int64_t pf_next_ = 0;                     // next line offset of the current region to prefetch
+  int64_t pf_span_ = 0;                     // bytes per row the current region reads
+  Label l_cfg_;                             // the tile palette
+  Label l_spread_;                          // index vectors onto the packed totals (TileScaleBlock::spread)
   // The block's row totals, for the rule (tot(r)).
   const std::array<Xmm, kRows> totals_ = [] {
     std::array<Xmm, kRows> t;
@@ -446,6 +449,7 @@ void TileBody::emit_rows(int n) {
     const Step last = *pending;
     const int cur = cur_;  // the C tiles' state before `last`'s products, for both paths
     const bool in_c = pending_;
+    const std::optional<TileScaleBlock> deferred = deferred_;
     cmp(reg_kb, 1);
     je(l_last, T_NEAR);
     Step next = iter[0];  // the next iteration's first step, decoded before the cursors move
@@ -460,6 +464,7 @@ void TileBody::emit_rows(int n) {
     L(l_last);  // the final iteration: no next step to decode
     cur_ = cur;
     pending_ = in_c;
+    deferred_ = deferred;
     product_step(last, n);
     advance_cursors();
     pending.reset();
@@ -473,11 +478,13 @@ void TileBody::emit_rows(int n) {
   }
   finish_prefetch_span(n);
   if (pending) product_step(*pending, n);
+  if (rule_) apply_deferred();
   store_rows(n);
 }
 
 // After a loop iteration: the cursors to the next one.
 void TileBody::advance_cursors() {
+  if (rule_) apply_deferred();  // its cursors are this iteration's
   add(reg_wk, unroll_ * dec_->block_bytes());
   add(reg_xk, unroll_ * x_block_bytes());
   if (scale_bytes() > 0) add(reg_sk, unroll_ * scale_bytes());
@@ -555,10 +562,21 @@ void TileBody::flush_group(const Step& st, int gi, int n) {
     b.xsums = Cursor{reg_xk, x_chunk_at(st.dx, 0, shape_.block / 32)};
     b.xsum_row_bytes = b_row_bytes();
   }
-  rule_->tile_apply(b);
+  // The previous group's FMAs now, this one's at the next flush: its C loads
+  // then read stores a group old (a vector load of a tile store just made waits
+  // for it to reach L1).
+  apply_deferred();
+  deferred_ = b;
   cur_ ^= 1;
   pending_ = false;
   phase("decode");
+}
+
+void TileBody::apply_deferred() {
+  if (!deferred_) return;
+  phase("block-scale");
+  rule_->tile_apply(*deferred_);
+  deferred_.reset();
 }
 
 // The block's n rows x M tokens into y[m * rows + r].
