@@ -20,12 +20,25 @@ void ScaleRule::fma_tokens(const ScaleBlock& b, const Operand& scale) {
 
 namespace {
 
-// dst = the per-row values at `rows` (lane = row) spread onto vector i of a
-// packed layout of width 2, 4 or 8 (TileScaleBlock).
-void spread_rows(Generator& g, const TileScaleBlock& b, const RegExp& rows, int i, const Zmm& idx,
-                 const Zmm& dst) {
-  g.vmovdqu32(idx, g.ptr[g.rip + *b.spread + 64 * i]);
-  g.vpermps(dst, idx, g.ptr[rows]);
+// For each vector i of a packed layout (TileScaleBlock): first(i), then
+// emit(i, f), f the per-row values at `rows` (lane = row) spread onto vector i:
+// the vector itself with one token, a broadcast with one row per vector, else
+// a vpermps into s (idx clobbered).
+template <class First, class Emit>
+void each_vector(Generator& g, const TileScaleBlock& b, const RegExp& rows, const Zmm& idx, const Zmm& s,
+                 First first, Emit emit) {
+  for (int i = 0; i < b.width; ++i) {
+    first(i);
+    if (b.width == 1) {
+      emit(i, g.ptr[rows]);
+    } else if (b.width == kTileTokens) {
+      emit(i, g.ptr_b[rows + 4 * i]);
+    } else {
+      g.vmovdqu32(idx, g.ptr[g.rip + *b.spread + 64 * i]);
+      g.vpermps(s, idx, g.ptr[rows]);
+      emit(i, s);
+    }
+  }
 }
 
 }  // namespace
@@ -42,17 +55,9 @@ void ScaleRule::tile_scale_prologue(int bytes) {
 void ScaleRule::tile_fma_rows(const TileScaleBlock& b, const RegExp& rows) {
   Generator& g = a();
   const Zmm c = Zmm(r_.w[0].getIdx()), idx = Zmm(r_.w[1].getIdx()), s = Zmm(r_.w[2].getIdx());
-  for (int i = 0; i < b.width; ++i) {
-    g.vmovups(c, g.ptr[b.c.at(64 * i)]);
-    if (b.width == 1) {
-      g.vfmadd231ps(b.totals[0], c, g.ptr[rows]);
-    } else if (b.width == kTileTokens) {
-      g.vfmadd231ps(b.totals[size_t(i)], c, g.ptr_b[rows + 4 * i]);
-    } else {
-      spread_rows(g, b, rows, i, idx, s);
-      g.vfmadd231ps(b.totals[size_t(i)], c, s);
-    }
-  }
+  each_vector(
+      g, b, rows, idx, s, [&](int i) { g.vmovups(c, g.ptr[b.c.at(64 * i)]); },
+      [&](int i, const Operand& f) { g.vfmadd231ps(b.totals[size_t(i)], c, f); });
 }
 
 void ScaleRule::tile_fnma_rows_tokens(const TileScaleBlock& b, const RegExp& rows, const Zmm& toks) {
@@ -68,16 +73,9 @@ void ScaleRule::tile_fnma_rows_tokens(const TileScaleBlock& b, const RegExp& row
     g.vpermps(t, idx, toks);
     tv = t;
   }
-  for (int i = 0; i < b.width; ++i) {
-    if (b.width == 1) {
-      g.vfnmadd231ps(b.totals[0], tv, g.ptr[rows]);
-    } else if (b.width == kTileTokens) {
-      g.vfnmadd231ps(b.totals[size_t(i)], tv, g.ptr_b[rows + 4 * i]);
-    } else {
-      spread_rows(g, b, rows, i, idx, s);
-      g.vfnmadd231ps(b.totals[size_t(i)], tv, s);
-    }
-  }
+  each_vector(
+      g, b, rows, idx, s, [](int) {},
+      [&](int i, const Operand& f) { g.vfnmadd231ps(b.totals[size_t(i)], tv, f); });
 }
 
 Decoder::Decoder(const KernelKey& key, XLayout layout, int vectors, std::unique_ptr<ScaleRule> rule)

@@ -366,9 +366,10 @@ void TileBody::emit_data() {
 // the buffer stores of the instructions just before it waits for them to
 // reach L1 (no forwarding into tiles), and its products with it, so each
 // step's products come after the next step's decode. The loop decodes the
-// first step of its next iteration last; its final iteration is emitted after
-// it, with the blocks past the loop, and the last step's products end the row
-// block (docs/PERFORMANCE.md).
+// first step of its next iteration last, and its final iteration branches to a
+// copy of the pending step's products instead; the blocks past the loop and
+// the tail follow, and the last step's products end the row block
+// (docs/ARCHITECTURE.md, docs/PERFORMANCE.md).
 void TileBody::emit_rows(int n) {
   phase("decode");
   dec_->emit_constants();  // the previous block's transpose took the decoder's registers
