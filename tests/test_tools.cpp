@@ -591,6 +591,43 @@ TEST(Listing, TileRowsPrefetchIntoL1Ahead) {
     }
 }
 
+// The tile body's shape (jit/tile_body.cpp): each step's products come after
+// the next step's decode (two steps of buffer stores before the first
+// tileloadd of a buffer), and a scaled format's group takes one FMA per vector
+// of the packed totals (TileScaleBlock): one for the 16 rows with one token,
+// four with three tokens, so about `width` FMAs per stored C tile (the loop's
+// two exits each apply one group more or less than they store).
+TEST(Listing, TileProductsTrailTheirDecodeAndGroupsTakeOneFmaPerVector) {
+  if (!jit::disassembler_available()) GTEST_SKIP() << "this build has no Zydis";
+  const std::regex buffer_store(R"(vmovups zmmword ptr \[rsp\+0x[0-9a-f]+\], zmm[0-3]$)");
+  const std::regex buffer_load(R"(tileloadd tmm\d, \[rsp\+rdi\*1)");
+  const std::regex c_store(R"(tilestored )");
+  const std::regex total_fma(R"(vfmadd231ps zmm(1[6-9]|2\d|3[01]), )");
+  for (Format f : {Format::q4_K, Format::q8_0, Format::mxfp4})
+    for (int tokens : {1, 3}) {
+      jit::KernelKey key = runtime_key(f, 1024, jit::Isa::avx512_amx, 16, tokens);
+      key.isa = jit::Isa::avx512_amx;  // the tile kernel, whichever kernels the layers run
+      key.flags = 0;
+      std::string err, listing;
+      auto kern = jit::generate_gemv(key, &err, /*run_here=*/false);
+      ASSERT_TRUE(kern) << key.name() << ": " << err;
+      ASSERT_TRUE(jit::kernel_listing(*kern, &listing, &err)) << err;
+      int stores_before_load = -1, stores = 0, c_stores = 0, fmas = 0;
+      for (const auto& line : instruction_lines(listing)) {
+        if (stores_before_load < 0 && std::regex_search(line, buffer_load)) stores_before_load = stores;
+        if (std::regex_search(line, buffer_store)) ++stores;
+        if (std::regex_search(line, c_store)) ++c_stores;
+        if (std::regex_search(line, total_fma)) ++fmas;
+      }
+      EXPECT_EQ(stores_before_load, 2 * 16 * 2) << key.name() << ": two steps of 16 rows x 2 vectors";
+      const int width = tokens == 1 ? 1 : 4;
+      EXPECT_GE(c_stores, 8) << key.name();
+      EXPECT_EQ(fmas % width, 0) << key.name();
+      EXPECT_GE(fmas, width * (c_stores - 2)) << key.name();
+      EXPECT_LE(fmas, width * (c_stores + 2)) << key.name();
+    }
+}
+
 // The listing covers every byte once: offsets strictly increase and the last
 // line ends at the code size.
 TEST(Listing, CoversTheWholeCode) {
