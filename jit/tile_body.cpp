@@ -221,6 +221,10 @@ class TileBody : public Generator {
     for (int r = 0; r < n; ++r) prefetcht1(ptr[reg_wk + reg_pfd + (r * row_bytes_ + pf_next_)]);
     pf_next_ += kPrefetchLine;
   }
+  // The region's prefetches up to step st's first byte.
+  void prefetch_to(const Step& st, int n) {
+    while (pf_next_ <= st.dw + dec_->elem_byte(st.off) && pf_next_ < pf_span_) emit_prefetch(n);
+  }
   void finish_prefetch_span(int n) {
     while (pf_next_ < pf_span_) emit_prefetch(n);
   }
@@ -388,10 +392,11 @@ void TileBody::emit_rows(int n) {
   const int tail = int(key_.k % shape_.block);
   const int64_t iters = nfull / unroll_;
   const int rem = int(nfull % unroll_);
-  // The steps of blocks first .. first + count - 1 (and the tail block after
-  // them, if asked) from the cursors, buffer sets alternating from `set`.
-  auto steps_of = [&](int first, int count, bool with_tail, int set) {
+  // The steps of `count` blocks (and the tail block after them, if asked) from
+  // the cursors, buffer sets alternating from set 0.
+  auto steps_of = [&](int count, bool with_tail) {
     std::vector<Step> out;
+    int set = 0;
     auto add_block = [&](int j, int n_elems) {
       for (int off = 0; off < n_elems; off += shape_.step) {
         Step st;
@@ -406,48 +411,47 @@ void TileBody::emit_rows(int n) {
         out.push_back(st);
       }
     };
-    for (int j = first; j < first + count; ++j) add_block(j, shape_.block);
-    if (with_tail && tail > 0) add_block(first + count, tail);
+    for (int j = 0; j < count; ++j) add_block(j, shape_.block);
+    if (with_tail && tail > 0) add_block(count, tail);
     return out;
   };
-  const std::vector<Step> iter = steps_of(0, unroll_, false, 0);
+  const std::vector<Step> iter = steps_of(unroll_, false);
   const int64_t iter_bytes = int64_t(unroll_) * block_bytes;
-  std::optional<Step> pending;  // decoded, not yet multiplied
+  std::optional<Step> decoded;  // a step decoded, not yet multiplied
   // Weights read in place (bf16) have no decode to wait for: no lag.
   const bool lag = !dec_->tile_direct();
   auto emit = [&](const Step& st) {
     decode_step(st, n);
-    if (pending) product_step(*pending, n);
-    pending = st;
+    if (decoded) product_step(*decoded, n);
+    decoded = st;
     if (!lag) {
       product_step(st, n);
-      pending.reset();
+      decoded.reset();
     }
   };
   // Each buffer set keeps its place from one iteration to the next: an
   // iteration is 256 elements in steps of 32, 64 or 128.
   assert(iter.size() % 2 == 0);
-  if (iters > 0 && !lag) {
-    Label l_k;
+  Label l_k, l_last;  // the loop, and its final iteration's exit (lag)
+  if (iters > 0) {
+    if (lag) {
+      start_prefetch_span(0, 0);  // the loop's first iteration prefetches its lines
+      decode_step(iter[0], n);
+      decoded = iter[0];
+    }
     mov(reg_kb, iters);
     L(l_k);
     start_prefetch_span(0, iter_bytes);
-    for (const Step& st : iter) emit(st);
+    for (size_t s = lag ? 1 : 0; s < iter.size(); ++s) emit(iter[s]);
     finish_prefetch_span(n);
-    advance_cursors();
-    dec(reg_kb);
-    jnz(l_k, T_NEAR);
-  } else if (iters > 0) {
-    Label l_k, l_last;
-    start_prefetch_span(0, 0);  // the loop's first iteration prefetches its lines
-    decode_step(iter[0], n);
-    pending = iter[0];
-    mov(reg_kb, iters);
-    L(l_k);
-    start_prefetch_span(0, iter_bytes);
-    for (size_t s = 1; s < iter.size(); ++s) emit(iter[s]);
-    finish_prefetch_span(n);
-    const Step last = *pending;
+    if (!lag) {
+      advance_cursors();
+      dec(reg_kb);
+      jnz(l_k, T_NEAR);
+    }
+  }
+  if (iters > 0 && lag) {  // the loop's end: the last step's products on both exits
+    const Step last = *decoded;
     const int cur = cur_;  // the C tiles' state before `last`'s products, for both paths
     const bool in_c = pending_;
     const std::optional<TileScaleBlock> deferred = deferred_;
@@ -468,17 +472,17 @@ void TileBody::emit_rows(int n) {
     deferred_ = deferred;
     product_step(last, n);
     advance_cursors();
-    pending.reset();
+    decoded.reset();
   }
   // The blocks past the loop and the tail, from the cursors as the loop left them.
-  const std::vector<Step> rest = steps_of(0, rem, true, 0);
+  const std::vector<Step> rest = steps_of(rem, true);
   start_prefetch_span(0, row_bytes_ - iters * iter_bytes);
   for (const Step& st : rest) {
     if (st.n_elems < shape_.block) phase("tail");
     emit(st);
   }
   finish_prefetch_span(n);
-  if (pending) product_step(*pending, n);
+  if (decoded) product_step(*decoded, n);
   if (rule_) apply_deferred();
   store_rows(n);
 }
@@ -495,7 +499,7 @@ void TileBody::advance_cursors() {
 void TileBody::decode_step(const Step& st, int n) {
   phase("decode");
   if (direct(st, n)) return;
-  while (pf_next_ <= st.dw + dec_->elem_byte(st.off) && pf_next_ < pf_span_) emit_prefetch(n);
+  prefetch_to(st, n);
   const int nv = (st.cnt + 31) / 32;  // vectors holding elements (natural order in each chunk)
   if (st.cnt < shape_.step) set_tail_mask(st.cnt);
   for (int r = 0; r < n; ++r) {
@@ -510,8 +514,7 @@ void TileBody::product_step(const Step& st, int n) {
   phase("tdp");
   const bool dir = direct(st, n);
   assert(!(dir && half_));  // A read in place is whole vectors (bf16: unscaled)
-  if (dir)
-    while (pf_next_ <= st.dw + dec_->elem_byte(st.off) && pf_next_ < pf_span_) emit_prefetch(n);
+  if (dir) prefetch_to(st, n);
   const int group = shape_.block / shape_.groups;
   // Pieces of `span` elements: a vector, or half of one in half steps.
   const int span = half_ ? 16 : 32, pieces = (st.cnt + span - 1) / span;
