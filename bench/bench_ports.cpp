@@ -12,6 +12,10 @@
 // chain bounds the loop, so their `clock` is the core's clock while those vector instructions run,
 // over the clock of `add_chain` (1: unchanged; below 1: the core slows down for them, as Intel cores
 // do for heavy 512-bit instructions). Cases the CPU lacks (AVX512_BF16, VBMI) are skipped.
+// The `tile/` cases time the steps of the tile body (jit/tile_body.cpp) with one token, in cycles
+// per step (16 rows x 32 elements): the decode's 16 buffer stores, the tile loads and the
+// tdpbf16ps a step (or three) later, the flush of C per scale group, and the alternatives; they
+// need the avx512_amx tier (AMX tile data granted), and are skipped elsewhere.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -240,6 +244,133 @@ std::vector<Case> port_mixes() {
   return out;
 }
 
+// ---- tile/: the tile body's step, one token ----
+// A step: `permw` vpermw per row (standing in for a decode's shuffles) and, with `stores`, the 16
+// vector stores of the decoded rows into buffer set s % sets; the A tile from set (s - lag) % sets,
+// the B tile (one token: 16 rows of 4 bytes; `diag`: 16 rows of 32 bytes from a ring of 8 tiles),
+// a tdpbf16ps. Flushes: `flush` stores C (16 rows of 4 bytes), zeroes it, and loads the C stored a
+// step earlier into an FMA, as the body's deferred scale group does; `diag` (eight groups in eight
+// columns of C, x in column s % 8 of B) stores C every 8 steps and gathers each group's 16 rows
+// from the previous store with one vpgatherdd into an FMA.
+struct TileStep {
+  bool products = true;
+  bool stores = true;
+  int lag = 1;
+  int permw = 0;
+  bool flush = false;
+  bool diag = false;
+};
+
+constexpr int kTileSteps = 16;  // steps per loop iteration (sets of 2 and 4 keep their place)
+
+class TileLoop : public jit::Generator {
+ public:
+  // rdi: the buffer sets; rsi: x; rdx: C stores; the number of iterations in rcx.
+  explicit TileLoop(const TileStep& t) {
+    const int sets = t.lag + 1, cols = t.diag ? 8 : 1;
+    Xbyak::Label l_cfg, l_idx, l_loop;
+    ldtilecfg(ptr[rip + l_cfg]);
+    mov(r8, 64);
+    mov(r9, 4 * cols);
+    vpxord(Zmm(20), Zmm(20), Zmm(20));
+    vmovdqu32(Zmm(30), ptr[rip + l_idx]);
+    tilezero(Xbyak::Tmm(0));
+    tilezero(Xbyak::Tmm(1));
+    L(l_loop);
+    for (int s = 0; s < kTileSteps; ++s) {
+      const int dset = s % sets, lset = (s - t.lag + kTileSteps) % sets, ab = s & 1;
+      for (int r = 0; r < 16; ++r) {
+        const Zmm z(r % 8);
+        for (int w = 0; w < t.permw; ++w) vpermw(Zmm(8 + (w + r) % 8), Zmm(16 + w % 4), z);
+        if (t.stores) {
+          vpaddd(z, z, Zmm(20));
+          vmovups(ptr[rdi + dset * 1024 + 64 * r], z);
+        }
+      }
+      if (!t.products) continue;
+      tileloadd(Xbyak::Tmm(2 + ab), ptr[rdi + r8 + lset * 1024]);
+      tileloadd(Xbyak::Tmm(4 + ab), ptr[rsi + r9 + (t.diag ? (s % 8) * 512 : s * 64)]);
+      const int c = t.diag ? (s / 8) & 1 : ab;
+      tdpbf16ps(Xbyak::Tmm(c), Xbyak::Tmm(2 + ab), Xbyak::Tmm(4 + ab));
+      if (t.flush) {
+        vmovups(Zmm(9), ptr[rdx + (c ^ 1) * 1024]);
+        vfmadd231ps(Zmm(21), Zmm(9), Zmm(20));
+        tilestored(ptr[rdx + r9 + c * 1024], Xbyak::Tmm(c));
+        tilezero(Xbyak::Tmm(c));
+      } else if (t.diag && s % 8 == 7) {
+        tilestored(ptr[rdx + r9 + c * 1024], Xbyak::Tmm(c));
+        tilezero(Xbyak::Tmm(c));
+        for (int g = 0; g < 8; ++g) {
+          kxnorw(k1, k1, k1);
+          vpgatherdd(Zmm(10) | k1, ptr[rdx + Zmm(30) + ((c ^ 1) * 1024 + 4 * g)]);
+          vfmadd231ps(Zmm(21), Zmm(10), Zmm(20));
+        }
+      }
+    }
+    dec(rcx);
+    jnz(l_loop, T_NEAR);
+    tilerelease();
+    vzeroupper();
+    ret();
+    align(64);
+    L(l_cfg);  // palette 1: C tmm0-1 (16 x 4 cols), A tmm2-3 (16 x 64), B tmm4-5 (16 x 4 cols)
+    uint8_t cfg[64] = {};
+    cfg[0] = 1;
+    for (int i = 0; i < 6; ++i) {
+      cfg[16 + 2 * i] = uint8_t(i == 2 || i == 3 ? 64 : 4 * cols);
+      cfg[48 + i] = 16;
+    }
+    for (uint8_t b : cfg) db(b);
+    L(l_idx);  // row r of a C store at 4 cols r bytes
+    for (int l = 0; l < 16; ++l) dd(uint32_t(4 * cols * l));
+  }
+  bool build(std::string* err) { return finalize(err); }
+};
+
+void bm_tile(benchmark::State& state, TileStep t) {
+  if (!jit::isa_available(jit::Isa::avx512_amx)) {
+    state.SkipWithError("skipped: no avx512_amx tier here (AMX tile data)");
+    return;
+  }
+  TileLoop loop(t);
+  std::string err;
+  if (!loop.build(&err)) {
+    state.SkipWithError(("skipped: " + err).c_str());
+    return;
+  }
+  alignas(64) static uint8_t sets[4 * 1024] = {}, x[kTileSteps * 512] = {}, c[2 * 1024] = {};
+  const auto fn = loop.getCode<void (*)(void*, void*, void*, int64_t)>();
+  constexpr int64_t kIters = 1024;
+  fn(sets, x, c, kIters);
+  double ns = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn(sets, x, c, kIters);
+    ns += std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const double per_step = ns / (double(state.iterations()) * kIters * kTileSteps);
+  state.counters["ns"] = per_step;
+  state.counters["cycles"] = per_step / add_chain_ns();
+  state.counters["clock"] = moejit_gbench::kNotApplicable;
+}
+
+std::vector<std::pair<std::string, TileStep>> tile_cases() {
+  std::vector<std::pair<std::string, TileStep>> out = {
+      {"tile/products", {true, false}},
+      {"tile/stores", {false, true}},
+  };
+  for (int permw : {0, 2}) {
+    const std::string d = permw ? "+2vpermw" : "";
+    out.push_back({"tile/stores" + d + "+products_lag1", {true, true, 1, permw}});
+    out.push_back({"tile/stores" + d + "+products_lag3", {true, true, 3, permw}});
+    out.push_back({"tile/stores" + d + "+products_lag1+flush", {true, true, 1, permw, true}});
+    out.push_back({"tile/stores" + d + "+products_lag3+flush", {true, true, 3, permw, true}});
+    out.push_back({"tile/stores" + d + "+products_lag1+diag8", {true, true, 1, permw, false, true}});
+  }
+  out.push_back({"tile/2vpermw", {false, false, 1, 2}});
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -260,6 +391,7 @@ int main(int argc, char** argv) {
     if (c.clock_adds > 0)
       benchmark::RegisterBenchmark((std::string("clock/") + c.name).c_str(), bm_port, c.emit, c.needs,
                                    c.clock_adds, 0);
+  for (const auto& [name, t] : tile_cases()) benchmark::RegisterBenchmark(name.c_str(), bm_tile, t);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
