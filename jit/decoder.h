@@ -221,8 +221,11 @@ class Decoder : public DecodePart {
   // ---- facts ----
   XLayout x_layout() const { return layout_; }
   XPrep x_prep() const {
-    return XPrep(layout_, key_.isa, xsum_span() ? XSums{xsum_span(), shape_.block} : XSums{});
+    return XPrep(layout_, key_.isa, xsum_span() ? XSums{xsum_span(), shape_.block} : XSums{}, tile_halves());
   }
+  // Whether a tile body takes this decode in half steps: scale groups of 16
+  // (nvfp4, q6_K, q2_K, q3_K), whose x is a halves layout (XPrep).
+  bool tile_halves() const;
   // AVX512_VBMI instructions in the decode (byte tables, the q4_0 gather).
   virtual bool needs_vbmi() const { return false; }
   // GFNI instructions in the decode (vgf2p8affineqb: the q3_K, q4_K and q5_K bf16 pairs).

@@ -98,6 +98,13 @@ Decoder::Decoder(const KernelKey& key, XLayout layout, int vectors, std::unique_
   if (rule_) rule_->shape_ = s;
 }
 
+bool Decoder::tile_halves() const {
+  if (key_.isa != Isa::avx512_amx || scale() == nullptr) return false;
+  // A key without a group (x_prep() of a format, decoder_key) takes the format's.
+  if (key_.group == 0 && formats::default_group(key_.format, 0) == 16) return true;
+  return shape_.block / shape_.groups == 16;
+}
+
 void Decoder::set_step_scaled(int steps) {
   shape_.step_scaled = true;
   shape_.scale_steps = steps;

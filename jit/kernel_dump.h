@@ -16,7 +16,7 @@ namespace moejit::jit {
 
 // Bumped whenever the generator emits different code for the same key, so dumps
 // and perf maps of two builds can be told apart.
-constexpr int kGeneratorVersion = 24;
+constexpr int kGeneratorVersion = 25;
 
 // True when this build links Zydis.
 bool disassembler_available();

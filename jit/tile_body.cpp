@@ -9,8 +9,10 @@
 // packed in `width` lanes per row (M rounded up to a power of two:
 // TileScaleBlock), and the rule adds it, times each row's scale, to `width`
 // vectors of running totals: with one token one FMA per group for the 16
-// rows. Groups of 16 take half steps (A tiles of 16 bf16, B tiles of 8 pairs,
-// two products per vector), and a decoder with sums of x gets them as one
+// rows. Groups of 16 take their x in XPrep's halves layout and, up to
+// kPairTokens tokens, one product per vector whose C holds each group in
+// columns of its own (pairs_; split_halves), else half steps (A tiles of 16
+// bf16, B tiles of 8 pairs, two products per vector), and a decoder with sums of x gets them as one
 // more chunk of x after each block. A block ends with the totals turned into
 // y (a 16 x 16 transpose but with one token). No instruction depends on M but
 // the tile shapes and the totals' layout, and each C element is one (row,
@@ -42,6 +44,9 @@ constexpr int kRows = 16;          // rows of a tile block
 constexpr int kTileBytes = 1024;   // one tile: 16 rows of 64 bytes
 constexpr int kIterElems = 256;    // elements of K per loop iteration
 constexpr int kPrefetchLine = 64;  // every line of the later call's rows is prefetched
+// Groups of 16 take pairs of half steps up to this many tokens per call (2 x
+// tokens columns of C; more would need a split of more vectors per chunk).
+constexpr int kPairTokens = 4;
 
 // C, 16 rows x M tokens: two, so a group's store overlaps the next group's products.
 const Tmm tmm_c[2] = {Tmm(0), Tmm(1)};
@@ -63,7 +68,8 @@ class TileBody : public Generator {
         row_bytes_(formats::row_bytes(key.format, key.k)),
         unroll_(std::max(1, kIterElems / shape_.block)),
         xsums_(dec_->xsum_span() > 0),
-        half_(rule_ && shape_.block / shape_.groups == 16) {}
+        half_(dec_->tile_halves()),
+        pairs_(half_ && key.tokens <= kPairTokens) {}
 
   bool generate(std::string* err) {
     if (shape_.vec_elems != 32 || !dec_->x_prep().tiled() || (rule_ && !rule_->tile_ready())) {
@@ -137,14 +143,17 @@ class TileBody : public Generator {
   int rule_bytes() const { return rule_ ? rule_->stack_bytes() : 0; }
   int abuf_off(int set, int v) const { return rule_bytes() + (set * nvec_ + v) * kTileBytes; }
   int cbuf_off(int i) const { return rule_bytes() + 2 * nvec_ * kTileBytes + i * kTileBytes; }
-  int saved_rsp_off() const { return rule_bytes() + (2 * nvec_ + 2) * kTileBytes; }
+  // Pairs of half steps: the two groups' C, packed, split from a C store (split_halves).
+  int halves_off(int h) const { return cbuf_off(2) + h * kTileBytes; }
+  int scratch_tiles() const { return pairs_ ? 2 : 0; }
+  int saved_rsp_off() const { return rule_bytes() + (2 * nvec_ + 2 + scratch_tiles()) * kTileBytes; }
   int x_off() const { return saved_rsp_off() + 8; }  // the kernel's x: B tiles of the call's run
   // The emulated tile unit's area (kFlagTileEmu): tmm0..5, then the registers it saves.
   int emu_off() const { return saved_rsp_off() + 64; }
   int emu_tile(const Tmm& t) const { return emu_off() + t.getIdx() * kTileBytes; }
   int emu_save_off() const { return emu_off() + kEmuTiles * kTileBytes; }
   int body_bytes() const {
-    return (2 * nvec_ + 2) * kTileBytes + 64 + (emu_ ? kEmuTiles * kTileBytes + 192 : 0);
+    return (2 * nvec_ + 2 + scratch_tiles()) * kTileBytes + 64 + (emu_ ? kEmuTiles * kTileBytes + 192 : 0);
   }
 
   // ---- the tile instructions, or their emulation (kFlagTileEmu) ----
@@ -164,18 +173,22 @@ class TileBody : public Generator {
   int64_t stride_of(const Reg64& r) const {
     if (r.getIdx() == reg_rb.getIdx()) return row_bytes_;
     if (r.getIdx() == reg_s64.getIdx()) return 64;
-    if (r.getIdx() == reg_tmp.getIdx()) return 4 * width();  // C stores (flush_group)
+    if (r.getIdx() == reg_tmp.getIdx()) return c_stride();  // C stores (flush_group)
     assert(r.getIdx() == reg_bs.getIdx());
     return b_row_bytes();
   }
   void t_dp(const Tmm& c, const Tmm& a, const Tmm& b);
   // Bytes per row of a tile as configured (emit_data's palette).
-  int colsb(const Tmm& t) const { return t == tmm_a[0] || t == tmm_a[1] ? a_colsb() : 4 * key_.tokens; }
+  int colsb(const Tmm& t) const { return t == tmm_a[0] || t == tmm_a[1] ? a_colsb() : c_colsb(); }
   // Rows of a tile as configured: B tiles hold one row per element pair.
   int tile_rows(const Tmm& t) const { return t == tmm_b[0] || t == tmm_b[1] ? b_rows() : kRows; }
   // A tiles' bytes per row and B tiles' rows: 32 elements, or 16 in half steps.
-  int a_colsb() const { return half_ ? 32 : 64; }
-  int b_rows() const { return half_ ? 8 : kRows; }
+  int a_colsb() const { return half_ && !pairs_ ? 32 : 64; }
+  int b_rows() const { return half_ && !pairs_ ? 8 : kRows; }
+  // C and B tiles' bytes per row: a dword per token, two in pairs of half steps.
+  int c_colsb() const { return 4 * key_.tokens * (pairs_ ? 2 : 1); }
+  // The row stride of C stores: packed (TileScaleBlock), both groups' lanes in pairs.
+  int c_stride() const { return 4 * width() * (pairs_ ? 2 : 1); }
   // The emulation's scratch: two vectors, a GPR and an opmask, saved and restored around each instruction.
   const Zmm e0 = Zmm(11), e1 = Zmm(12);
   const Opmask e_k = k7;
@@ -203,6 +216,9 @@ class TileBody : public Generator {
   void decode_step(const Step& st, int n);
   void product_step(const Step& st, int n);
   void flush_group(const Step& st, int gi, int n);
+  void flush_pair(const Step& st, int g0, int groups, int n);
+  TileScaleBlock scale_block(const Step& st, int gi, int n, const Cursor& c) const;
+  void split_halves(int cb);
   // The rule's FMAs of the group flush_group stored last, if not yet made.
   void apply_deferred();
   void store_rows(int n);
@@ -235,8 +251,9 @@ class TileBody : public Generator {
   }
   int scale_bytes() const { return rule_ ? rule_->block_bytes() : 0; }
   // x of the call's M tokens (XPrep, tile layouts): a B tile of 16 element
-  // pairs x M tokens per chunk of 32 elements, its rows packed.
-  int b_row_bytes() const { return 4 * key_.tokens; }
+  // pairs x M tokens per chunk of 32 elements, its rows packed; a halves
+  // layout has twice the dwords per row (half of them zeros).
+  int b_row_bytes() const { return 4 * key_.tokens * (half_ ? 2 : 1); }
   // Lanes per row of the packed C stores and totals (TileScaleBlock): the
   // tokens rounded up to a power of two.
   int width() const {
@@ -265,15 +282,21 @@ class TileBody : public Generator {
   int unroll_;  // blocks per loop iteration
   bool xsums_;  // whether x carries sums after each block (Decoder::xsum_span)
   // Groups of 16 (nvfp4, the K-quants with 16-element sub-blocks): each vector
-  // of 32 is two half steps of 16 elements, a tdpbf16ps and a group each.
+  // of 32 is two half steps of 16 elements, a tdpbf16ps and a group each; or,
+  // with at most 8 tokens (pairs_), one tdpbf16ps of the whole vector whose C
+  // holds each group's sums in columns of their own (the halves x layout), split
+  // into the two groups' packed C after its store (split_halves).
   bool half_;
-  int cur_ = 0;                             // C tile of the current group
-  bool pending_ = false;                    // products in C not yet stored
-  std::optional<TileScaleBlock> deferred_;  // a group stored, its FMAs not yet made
-  int64_t pf_next_ = 0;                     // next line offset of the current region to prefetch
-  int64_t pf_span_ = 0;                     // bytes per row the current region reads
-  Label l_cfg_;                             // the tile palette
-  Label l_spread_;                          // index vectors onto the packed totals (TileScaleBlock::spread)
+  bool pairs_;
+  int cur_ = 0;                           // C tile of the current group
+  bool pending_ = false;                  // products in C not yet stored
+  std::vector<TileScaleBlock> deferred_;  // groups stored, their FMAs not yet made
+  int deferred_split_ = -1;               // C buffer to split into the halves first (pairs_), or -1
+  int64_t pf_next_ = 0;                   // next line offset of the current region to prefetch
+  int64_t pf_span_ = 0;                   // bytes per row the current region reads
+  Label l_cfg_;                           // the tile palette
+  Label l_spread_;                        // index vectors onto the packed totals (TileScaleBlock::spread)
+  Label l_halves_;                        // vpermt2ps indices of each half's lanes in a pair's C store
   // The block's row totals, for the rule (tot(r)).
   const std::array<Xmm, kRows> totals_ = [] {
     std::array<Xmm, kRows> t;
@@ -349,13 +372,26 @@ void TileBody::emit_data() {
     cfg[48 + t.getIdx()] = uint8_t(rows);
   };
   for (int i = 0; i < 2; ++i) {
-    set(tmm_c[i], kRows, 4 * key_.tokens);
+    set(tmm_c[i], kRows, c_colsb());
     set(tmm_a[i], kRows, a_colsb());
-    set(tmm_b[i], b_rows(), 4 * key_.tokens);
+    set(tmm_b[i], b_rows(), c_colsb());
   }
   for (uint8_t b : cfg) db(b);
   align(64);
   const int w = width();
+  if (pairs_) {
+    // Half h's lane l: row l / w, token t = l % w, from a pair's C store (rows
+    // of 2 w dwords: the first group's M tokens, then the second's): dword
+    // 2 w row + h M + t, or for t >= M a dword past the row's 2 M, which the
+    // store leaves zero.
+    const int m = key_.tokens;
+    L(l_halves_);
+    for (int h = 0; h < 2; ++h)
+      for (int l = 0; l < 16; ++l) {
+        const int row = l / w, t = l % w;
+        dd(uint32_t(2 * w * row + (t < m ? h * m + t : 2 * m)));
+      }
+  }
   if (rule_ && w > 1 && w < kRows) {
     L(l_spread_);
     for (int i = 0; i < w; ++i)
@@ -454,7 +490,8 @@ void TileBody::emit_rows(int n) {
     const Step last = *decoded;
     const int cur = cur_;  // the C tiles' state before `last`'s products, for both paths
     const bool in_c = pending_;
-    const std::optional<TileScaleBlock> deferred = deferred_;
+    const std::vector<TileScaleBlock> deferred = deferred_;
+    const int split = deferred_split_;
     cmp(reg_kb, 1);
     je(l_last, T_NEAR);
     Step next = iter[0];  // the next iteration's first step, decoded before the cursors move
@@ -470,6 +507,7 @@ void TileBody::emit_rows(int n) {
     cur_ = cur;
     pending_ = in_c;
     deferred_ = deferred;
+    deferred_split_ = split;
     product_step(last, n);
     advance_cursors();
     decoded.reset();
@@ -509,17 +547,19 @@ void TileBody::decode_step(const Step& st, int n) {
 }
 
 // Step st's tile products; a scale group ends after its last vector, and a
-// partial block's last group after its last step.
+// partial block's last group after its last step. Pairs of half steps end
+// both groups of a vector at once.
 void TileBody::product_step(const Step& st, int n) {
   phase("tdp");
   const bool dir = direct(st, n);
   assert(!(dir && half_));  // A read in place is whole vectors (bf16: unscaled)
   if (dir) prefetch_to(st, n);
   const int group = shape_.block / shape_.groups;
+  const bool halfsteps = half_ && !pairs_;
   // Pieces of `span` elements: a vector, or half of one in half steps.
-  const int span = half_ ? 16 : 32, pieces = (st.cnt + span - 1) / span;
+  const int span = halfsteps ? 16 : 32, pieces = (st.cnt + span - 1) / span;
   for (int p = 0; p < pieces; ++p) {
-    const int v = half_ ? p / 2 : p, h = half_ ? p % 2 : 0;
+    const int v = halfsteps ? p / 2 : p, h = halfsteps ? p % 2 : 0;
     const Tmm& a = tmm_a[p % 2];
     if (dir) {
       const int64_t at = st.dw + dec_->elem_byte(st.off + 32 * v);
@@ -527,32 +567,27 @@ void TileBody::product_step(const Step& st, int n) {
       t_load(a, reg_wk, at, reg_rb);
     } else
       t_load(a, rsp, abuf_off(st.set, v) + 32 * h, reg_s64);
-    t_load(tmm_b[p % 2], reg_xk, x_chunk_at(st.dx, st.off, v) + h * 8 * b_row_bytes(), reg_bs);
+    // In half steps, half h's x: rows 8 h.. of the chunk, its dwords from h M (XPrep's halves layout).
+    t_load(tmm_b[p % 2], reg_xk, x_chunk_at(st.dx, st.off, v) + h * (8 * b_row_bytes() + 4 * key_.tokens),
+           reg_bs);
     t_dp(tmm_c[cur_], a, tmm_b[p % 2]);
     pending_ = true;
-    if (rule_ && (st.off + span * (p + 1)) % group == 0) flush_group(st, (st.off + span * p) / group, n);
+    if (pairs_) {
+      const int first = st.off + span * p, last = st.off + std::min(span * (p + 1), st.cnt) - 1;
+      flush_pair(st, first / group, last / group - first / group + 1, n);
+    } else if (rule_ && (st.off + span * (p + 1)) % group == 0) {
+      flush_group(st, (st.off + span * p) / group, n);
+    }
   }
   if (rule_ && pending_ && st.off + st.cnt == st.n_elems)
     flush_group(st, (st.n_elems - 1) / group, n);  // a partial block's last
   phase("decode");
 }
 
-// Group gi of step st's block: C to memory, zeroed, and the rule's FMAs.
-void TileBody::flush_group(const Step& st, int gi, int n) {
-  phase("block-scale");
-  const int cb = cbuf_off(cur_);
-  // Packed (TileScaleBlock): rows width() dwords apart.
-  if (width() == kRows) {
-    t_store(rsp, cb, reg_s64, tmm_c[cur_]);
-  } else if (width() == key_.tokens) {
-    t_store(rsp, cb, reg_bs, tmm_c[cur_]);
-  } else {
-    mov(reg_tmp, 4 * width());
-    t_store(rsp, cb, reg_tmp, tmm_c[cur_]);
-  }
-  t_zero(tmm_c[cur_]);
+// The rule's view of group gi of step st's block, its C packed at c.
+TileScaleBlock TileBody::scale_block(const Step& st, int gi, int n, const Cursor& c) const {
   TileScaleBlock b;
-  b.c = Cursor{rsp, cb};
+  b.c = c;
   b.w = Cursor{reg_wk, st.dw + gi * (dec_->block_bytes() / shape_.groups)};
   b.s = Cursor{reg_sk, st.ds + gi * (scale_bytes() / shape_.groups)};
   b.row_bytes = row_bytes_;
@@ -564,23 +599,82 @@ void TileBody::flush_group(const Step& st, int gi, int n) {
   b.block_w = Cursor{reg_wk, st.dw};
   if (xsums_) {
     b.xsums = Cursor{reg_xk, x_chunk_at(st.dx, 0, shape_.block / 32)};
-    b.xsum_row_bytes = b_row_bytes();
+    b.xsum_row_bytes = 4 * key_.tokens;  // a chunk of sums keeps rows of a dword per token
   }
+  return b;
+}
+
+// Group gi of step st's block: C to memory, zeroed, and the rule's FMAs.
+void TileBody::flush_group(const Step& st, int gi, int n) {
+  phase("block-scale");
+  const int cb = cbuf_off(cur_);
+  // Packed (TileScaleBlock): rows width() dwords apart.
+  if (c_stride() == 64) {
+    t_store(rsp, cb, reg_s64, tmm_c[cur_]);
+  } else if (c_stride() == b_row_bytes()) {
+    t_store(rsp, cb, reg_bs, tmm_c[cur_]);
+  } else {
+    mov(reg_tmp, c_stride());
+    t_store(rsp, cb, reg_tmp, tmm_c[cur_]);
+  }
+  t_zero(tmm_c[cur_]);
+  const TileScaleBlock b = scale_block(st, gi, n, Cursor{rsp, cb});
   // The previous group's FMAs now, this one's at the next flush: its C loads
   // then read stores a group old (a vector load of a tile store just made waits
   // for it to reach L1).
   apply_deferred();
-  deferred_ = b;
+  deferred_ = {b};
   cur_ ^= 1;
   pending_ = false;
   phase("decode");
 }
 
-void TileBody::apply_deferred() {
-  if (!deferred_) return;
+// The `groups` (1 or 2) groups from gi of a pair of half steps: C (both
+// groups' columns) to memory and zeroed; at the next flush it is split into
+// each group's packed C and the rule's FMAs follow, group by group.
+void TileBody::flush_pair(const Step& st, int g0, int groups, int n) {
   phase("block-scale");
-  rule_->tile_apply(*deferred_);
-  deferred_.reset();
+  const int cb = cbuf_off(cur_);
+  if (c_stride() == 64) {
+    t_store(rsp, cb, reg_s64, tmm_c[cur_]);
+  } else if (c_stride() == b_row_bytes()) {
+    t_store(rsp, cb, reg_bs, tmm_c[cur_]);
+  } else {
+    mov(reg_tmp, c_stride());
+    t_store(rsp, cb, reg_tmp, tmm_c[cur_]);
+  }
+  t_zero(tmm_c[cur_]);
+  std::vector<TileScaleBlock> blocks;
+  for (int g = 0; g < groups; ++g) blocks.push_back(scale_block(st, g0 + g, n, Cursor{rsp, halves_off(g)}));
+  apply_deferred();
+  deferred_ = blocks;
+  deferred_split_ = cb;
+  cur_ ^= 1;
+  pending_ = false;
+  phase("decode");
+}
+
+// A pair's C store at cb (rows of 2 width() dwords) to each half's packed C
+// (rows of width() dwords) at halves_off(h): one vpermt2ps per vector.
+void TileBody::split_halves(int cb) {
+  const Zmm idx = Zmm(11);  // free in the body (the emulation saves it around its instructions)
+  for (int h = 0; h < 2; ++h) {
+    vmovups(idx, ptr[rip + l_halves_ + 64 * h]);
+    for (int u = 0; u < width(); ++u) {
+      vmovups(v_tmp(), ptr[rsp + cb + 128 * u]);
+      vpermt2ps(v_tmp(), idx, ptr[rsp + cb + 128 * u + 64]);
+      vmovups(ptr[rsp + halves_off(h) + 64 * u], v_tmp());
+    }
+  }
+}
+
+void TileBody::apply_deferred() {
+  if (deferred_.empty()) return;
+  phase("block-scale");
+  if (deferred_split_ >= 0) split_halves(deferred_split_);
+  for (const TileScaleBlock& b : deferred_) rule_->tile_apply(b);
+  deferred_.clear();
+  deferred_split_ = -1;
 }
 
 // The block's n rows x M tokens into y[m * rows + r].

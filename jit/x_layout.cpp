@@ -99,7 +99,13 @@ void XPrep::prepare_slot(void* buf, Slot s, const uint16_t* src, int64_t k) cons
     return widened_pieces(src, k,
                           [&](int64_t k0, const float* v, int64_t n) { store_slot(buf, s, k, k0, v, n); });
   uint8_t* b = run_base(buf, s.run, vb);
-  for (int64_t i = 0; i < k; ++i) std::memcpy(b + tile_byte(i, s.width, s.col), &src[i], 2);
+  for (int64_t i = 0; i < k; ++i) put_tile(b, i, s, src[i]);
+}
+
+void XPrep::put_tile(uint8_t* run, int64_t k, Slot s, uint16_t v) const {
+  const int64_t p = position(k), at = tile_byte(k, s.width, s.col), mirror = mirror_bytes(p >> 1, s.width);
+  std::memcpy(run + at, &v, 2);
+  if (mirror != 0) std::memset(run + at - (p & 1) * 2 + mirror, 0, 4);  // the token's other dword of the row
 }
 
 void XPrep::store_slot(void* buf, Slot s, int64_t k, int64_t k0, const float* v, int64_t n) const {
@@ -107,8 +113,7 @@ void XPrep::store_slot(void* buf, Slot s, int64_t k, int64_t k0, const float* v,
   if (!tiled()) return store(run_base(buf, s.run + s.col, vb), k0, v, n);
   uint8_t* b = run_base(buf, s.run, vb);
   for (int64_t i = 0; i < n; ++i) {
-    const uint16_t h = formats::f32_to_bf16(v[i]);
-    std::memcpy(b + tile_byte(k0 + i, s.width, s.col), &h, 2);
+    put_tile(b, k0 + i, s, formats::f32_to_bf16(v[i]));
   }
   if (sums_.span)
     sum_sub_blocks(k0, v, n,
@@ -122,11 +127,14 @@ void XPrep::copy_slot(void* dst, Slot to, const void* src, Slot from, int64_t k)
     std::memcpy(run_base(dst, to.run + to.col, vb), sb + (from.run + from.col) * vb, size_t(vb));
     return;
   }
-  // One dword (an element pair) per 4 * width bytes of each run.
+  // One dword (an element pair) of each run per pair of a token's vector.
   uint8_t* d = run_base(dst, to.run, vb) + 4 * to.col;
   const uint8_t* s = sb + from.run * vb + 4 * from.col;
-  for (int64_t pair = 0; pair < vb / 4; ++pair)
-    std::memcpy(d + pair * 4 * to.width, s + pair * 4 * from.width, 4);
+  for (int64_t pair = 0; pair < bytes(x_stride(k)) / 4; ++pair) {
+    uint8_t* at = d + run_pair_byte(pair, to.width);
+    std::memcpy(at, s + run_pair_byte(pair, from.width), 4);
+    if (const int64_t mirror = mirror_bytes(pair, to.width); mirror != 0) std::memset(at + mirror, 0, 4);
+  }
 }
 
 }  // namespace moejit::jit

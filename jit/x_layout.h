@@ -82,13 +82,16 @@ constexpr int kXSumBytes = 64;
 class XPrep {
  public:
   XPrep() = default;  // fp32 in natural order: the scalar tier
-  XPrep(XLayout layout, Isa isa, XSums sums = {}) : layout_(layout), isa_(isa), sums_(sums) {}
+  // halves: a tile layout for scale groups of 16 (below, "halves"); tile layouts only.
+  XPrep(XLayout layout, Isa isa, XSums sums = {}, bool halves = false)
+      : layout_(layout), isa_(isa), sums_(sums), halves_(halves && isa == Isa::avx512_amx) {}
 
   XLayout layout() const { return layout_; }
   const XSums& sums() const { return sums_; }
+  bool halves() const { return halves_; }
   bool operator==(const XPrep& o) const {
     return layout_ == o.layout_ && isa_ == o.isa_ && sums_.span == o.sums_.span &&
-           sums_.block == o.sums_.block;
+           sums_.block == o.sums_.block && halves_ == o.halves_;
   }
   size_t elem_bytes() const { return x_elem_bytes(layout_); }
   // Element slot of activation k (the sums take kXSumBytes / elem_bytes() slots after each block).
@@ -101,7 +104,8 @@ class XPrep {
   int64_t bytes(int64_t n) const {
     return n * int64_t(elem_bytes()) + (sums_.span ? n / sums_.block * kXSumBytes : 0);
   }
-  int64_t vector_bytes(int64_t k) const { return bytes(x_stride(k)); }
+  // A slot's bytes: a halves layout takes twice a token's bytes (half of each row is zeros).
+  int64_t vector_bytes(int64_t k) const { return bytes(x_stride(k)) * (halves_ ? 2 : 1); }
   // Byte offset of the sum of the sub-block holding activation k.
   int64_t sum_offset(int64_t k) const {
     const int64_t b = k / sums_.block;
@@ -122,10 +126,16 @@ class XPrep {
   // bytes: chunk c of 32 positions is 64 * width bytes at c * 64 * width, as
   // 16 rows (element pairs) of 4 * width bytes, one dword per token: the B tile
   // of tdpbf16ps for the run, `width` lines of it per chunk. A run of one token
-  // is its vector in natural order. Sums of x (XSums) take the place of one
+  // is its vector in natural order (but in a halves layout). Sums of x (XSums) take the place of one
   // chunk after each block, as one row of 4 * width bytes per sub-block (a
   // dword per token, in sub-block order, zeros after the last): the run's
-  // vector of sums of sub-block j is one masked load at row j.
+  // vector of sums of sub-block j is one masked load at row j. A halves layout
+  // (scale groups of 16: nvfp4, q6_K, q2_K, q3_K) doubles each chunk to 16
+  // rows of 8 * width bytes: the first 16 elements of the chunk (rows 0-7) put
+  // token t's pair in dword t, the last 16 (rows 8-15) in dword width + t, and
+  // the other dwords stay zero, so one tdpbf16ps of a whole chunk sums each
+  // group of 16 in a column of its own (jit/tile_body.cpp); a chunk of sums
+  // keeps rows of 4 * width bytes.
   static constexpr int kTileSlots = 16;  // the most tokens of a run in a tile layout
   struct Slot {
     int64_t run = 0;  // first slot of the run
@@ -154,15 +164,35 @@ class XPrep {
   void copy_slot(void* dst, Slot to, const void* src, Slot from, int64_t k) const;
 
  private:
-  // Byte of activation k of token `col` of a run of `width` tokens in a tile layout.
+  // Whether element pair `pair` of a token's vector is in a chunk of sums.
+  bool sums_pair(int64_t pair) const {
+    return sums_.span && pair / 16 % (sums_.block / 32 + 1) == sums_.block / 32;
+  }
+  // Byte of element pair `pair` (of a token's vector) of token 0 of a run of
+  // `width` tokens in a tile layout; token t's is 4 t bytes on.
+  int64_t run_pair_byte(int64_t pair, int width) const {
+    if (!halves_) return pair * 4 * width;
+    const int64_t chunk = pair / 16, row = pair % 16;
+    return chunk * 128 * width + (sums_pair(pair) ? row * 4 * width : row * 8 * width + row / 8 * 4 * width);
+  }
+  // A halves layout: the bytes from a pair's dword to the token's other dword
+  // of the row, which must hold zeros (0 where there is none).
+  int64_t mirror_bytes(int64_t pair, int width) const {
+    if (!halves_ || sums_pair(pair)) return 0;
+    return pair % 16 < 8 ? 4 * width : -4 * width;
+  }
+  // Byte of activation k of token `col` of a run of `width` tokens in a tile
+  // layout (a halves layout's writers zero the 2 bytes at mirror_bytes from it).
   int64_t tile_byte(int64_t k, int width, int col) const {
     const int64_t p = position(k);  // pair p / 2 of the run
-    return (p >> 1) * 4 * width + col * 4 + (p & 1) * 2;
+    return run_pair_byte(p >> 1, width) + col * 4 + (p & 1) * 2;
   }
+  // Activation k (bf16 bits v) of slot s into its run at `run` (a tile layout).
+  void put_tile(uint8_t* run, int64_t k, Slot s, uint16_t v) const;
   // Byte of the sum of the sub-block holding activation k, token `col`, in a tile layout.
   int64_t tile_sum_byte(int64_t k, int width, int col) const {
     const int64_t pair = sum_offset(k) / 4;  // row j of the block's sums is pair row (sums start) + j
-    return pair * 4 * width + col * 4;
+    return run_pair_byte(pair, width) + col * 4;
   }
   // The sums of the sub-blocks wholly inside activations k0 .. k0 + n - 1
   // (each summed in k order), through put(k of the sub-block's first, sum).
@@ -225,6 +255,7 @@ class XPrep {
   XLayout layout_ = XLayout::f32;
   Isa isa_ = Isa::scalar;
   XSums sums_;
+  bool halves_ = false;
 };
 
 // The layout of the kernels of `format` on `isa` with KernelKey::flags `flags`:

@@ -341,6 +341,81 @@ TEST(XPrep, TileRunsCarryTheirSums) {
   }
 }
 
+// Halves layouts (tile kernels of groups of 16: nvfp4, q6_K, q2_K, q3_K): a
+// chunk of 32 positions is 16 rows of 8 * width bytes; the first 16 elements
+// put token t's pairs in dword t of rows 0-7, the last 16 in dword width + t of
+// rows 8-15, and the token's other dword of each row is zero, however the
+// buffer was used before (a run of another width). Chunks of sums keep rows of
+// 4 * width bytes. Prepare, store and copy write the same bytes.
+TEST(XPrep, HalvesRunsPutEachGroupInColumnsOfItsOwn) {
+  moejit_test::Rng rng(9);
+  for (jit::XSums sums : {jit::XSums{}, jit::XSums{16, 256}}) {
+    const int64_t k = sums.span ? 512 : 100;
+    const jit::XPrep tile(jit::XLayout::bf16, jit::Isa::avx512_amx, sums, true),
+        plain(jit::XLayout::bf16, jit::Isa::avx512_amx, sums);
+    ASSERT_TRUE(tile.halves());
+    const int64_t vb = tile.vector_bytes(k);
+    ASSERT_EQ(vb, 2 * plain.vector_bytes(k));
+    std::vector<uint16_t> src(static_cast<size_t>(k));
+    std::vector<float> v(static_cast<size_t>(k));
+    for (int64_t i = 0; i < k; ++i) {
+      src[size_t(i)] = fmt::f32_to_bf16(float(int(rng() % 2001) - 1000) / 997.0f);
+      v[size_t(i)] = fmt::bf16_to_f32(src[size_t(i)]);
+    }
+    std::vector<uint8_t> one(size_t(vb), 0);
+    tile.prepare_slot(one.data(), {0, 1, 0}, src.data(), k);
+    for (int width : {1, 2, 4, 16})
+      for (int col : {0, width - 1}) {
+        const jit::XPrep::Slot s{1, width, col};
+        // The buffer as a run of another width left it: every token's bytes nonzero.
+        const int other = width == 1 ? 2 : 1;
+        std::vector<uint8_t> a(size_t(vb * (1 + width + 1)), 0xAB);
+        for (int t = 0; t < other; ++t) tile.prepare_slot(a.data(), {1, other, t}, src.data(), k);
+        std::vector<uint8_t> b = a, c = a, before = a;
+        tile.prepare_slot(a.data(), s, src.data(), k);
+        for (int64_t k0 = 0; k0 < k; k0 += 16)
+          tile.store_slot(b.data(), s, k, k0, &v[size_t(k0)], std::min<int64_t>(16, k - k0));
+        tile.copy_slot(c.data(), s, one.data(), {0, 1, 0}, k);
+        EXPECT_EQ(a, b) << width << " " << col;
+        const uint8_t* run = a.data() + vb;
+        const int64_t period = sums.span ? 256 / 32 + 1 : 1 << 30;  // chunks per block, with its sums
+        for (int64_t i = 0; i < k; ++i) {
+          const int64_t chunk = i / 32 + i / 256 * (sums.span ? 1 : 0), r = i % 32 / 2, h = i % 32 / 16;
+          const int64_t dword = chunk * 128 * width + r * 8 * width + 4 * (h * width + col);
+          uint16_t got, other_half[2];
+          std::memcpy(&got, run + dword + i % 2 * 2, 2);
+          ASSERT_EQ(got, src[size_t(i)]) << width << " " << col << " element " << i;
+          std::memcpy(other_half, run + dword + (h ? -4 : 4) * width, 4);
+          EXPECT_EQ(other_half[0] | other_half[1], 0)
+              << width << " " << col << " element " << i << ": the other half";
+          EXPECT_EQ(0, std::memcmp(c.data() + vb + dword, run + dword, 4))
+              << width << " " << col << " element " << i;
+          EXPECT_EQ(0, std::memcmp(c.data() + vb + dword + (h ? -4 : 4) * width, other_half, 4))
+              << width << " " << col << " element " << i << ": the other half of the copy";
+          ASSERT_LT(chunk % period, period - (sums.span ? 1 : 0));
+        }
+        if (sums.span)
+          for (int64_t blk = 0; blk < k / 256; ++blk)
+            for (int j = 0; j < 16; ++j) {
+              float sum = 0.0f, got;
+              for (int64_t i = blk * 256 + 16 * j; i < blk * 256 + 16 * (j + 1); ++i) sum += v[size_t(i)];
+              const int64_t at = (blk * 9 + 8) * 128 * width + j * 4 * width + 4 * col;
+              std::memcpy(&got, run + at, 4);
+              EXPECT_EQ(got, sum) << width << " " << col << " block " << blk << " sum " << j;
+              EXPECT_EQ(0, std::memcmp(c.data() + vb + at, run + at, 4));
+            }
+        // Nothing outside the token's dwords of its run changed.
+        for (size_t i = 0; i < a.size(); ++i) {
+          const int64_t off = int64_t(i) - vb;
+          if (off >= 0 && off < width * vb && off % (4 * width) / 4 == col) continue;
+          if (off >= 0 && off < width * vb && off % (4 * width) / 4 == width + col) continue;
+          if (off >= 0 && off < width * vb && off % (8 * width) / 4 == width + col) continue;
+          EXPECT_EQ(a[i], before[i]) << width << " " << col << " byte " << i;
+        }
+      }
+  }
+}
+
 // A body other than the row body driving a decoder: other registers lent
 // (the row body lends 0-9 in order), rows read through one cursor register with
 // displacements, the widened vectors stored. This is what a tile body does
