@@ -103,9 +103,11 @@ void XPrep::prepare_slot(void* buf, Slot s, const uint16_t* src, int64_t k) cons
 }
 
 void XPrep::put_tile(uint8_t* run, int64_t k, Slot s, uint16_t v) const {
-  const int64_t p = position(k), at = tile_byte(k, s.width, s.col), mirror = mirror_bytes(p >> 1, s.width);
-  std::memcpy(run + at, &v, 2);
-  if (mirror != 0) std::memset(run + at - (p & 1) * 2 + mirror, 0, 4);  // the token's other dword of the row
+  const int64_t p = position(k);
+  const PairPlace at = pair_place(p >> 1, s.width, false);
+  uint8_t* dword = run + at.byte + 4 * s.col;
+  std::memcpy(dword + (p & 1) * 2, &v, 2);
+  if (at.mirror != 0) std::memset(dword + at.mirror, 0, 4);  // the token's other dword of the row
 }
 
 void XPrep::store_slot(void* buf, Slot s, int64_t k, int64_t k0, const float* v, int64_t n) const {
@@ -130,10 +132,29 @@ void XPrep::copy_slot(void* dst, Slot to, const void* src, Slot from, int64_t k)
   // One dword (an element pair) of each run per pair of a token's vector.
   uint8_t* d = run_base(dst, to.run, vb) + 4 * to.col;
   const uint8_t* s = sb + from.run * vb + 4 * from.col;
-  for (int64_t pair = 0; pair < bytes(x_stride(k)) / 4; ++pair) {
-    uint8_t* at = d + run_pair_byte(pair, to.width);
-    std::memcpy(at, s + run_pair_byte(pair, from.width), 4);
-    if (const int64_t mirror = mirror_bytes(pair, to.width); mirror != 0) std::memset(at + mirror, 0, 4);
+  const int64_t pairs = bytes(x_stride(k)) / 4;
+  if (!halves_) {
+    for (int64_t pair = 0; pair < pairs; ++pair)
+      std::memcpy(d + pair * 4 * to.width, s + pair * 4 * from.width, 4);
+    return;
+  }
+  // A chunk at a time: rows of 8 width bytes, the token's dword of rows 8-15
+  // 4 width on (the other dword zeroed); a chunk of sums, rows of 4 width.
+  const int64_t tw = 4 * int64_t(to.width), fw = 4 * int64_t(from.width);
+  const uint32_t zero = 0;
+  for (int64_t c = 0; c < pairs / 16; ++c) {
+    uint8_t* dc = d + c * 32 * tw;
+    const uint8_t* sc = s + c * 32 * fw;
+    if (sums_chunk(c)) {
+      for (int64_t r = 0; r < 16; ++r) std::memcpy(dc + r * tw, sc + r * fw, 4);
+      continue;
+    }
+    for (int64_t r = 0; r < 16; ++r) {
+      const int64_t h = r / 8;
+      uint8_t* at = dc + (2 * r + h) * tw;
+      std::memcpy(at, sc + (2 * r + h) * fw, 4);
+      std::memcpy(at + (h ? -tw : tw), &zero, 4);  // the token's other dword of the row
+    }
   }
 }
 

@@ -164,35 +164,35 @@ class XPrep {
   void copy_slot(void* dst, Slot to, const void* src, Slot from, int64_t k) const;
 
  private:
-  // Whether element pair `pair` of a token's vector is in a chunk of sums.
-  bool sums_pair(int64_t pair) const {
-    return sums_.span && pair / 16 % (sums_.block / 32 + 1) == sums_.block / 32;
+  // Where element pair `pair` (of a token's vector) lies in a run of `width`
+  // tokens in a tile layout: token 0's dword (token t's is 4 t bytes on) and,
+  // in a halves layout, the bytes from it to the token's other dword of the
+  // row, which must hold zeros (0 where there is none: chunks of sums).
+  struct PairPlace {
+    int64_t byte = 0;
+    int64_t mirror = 0;
+  };
+  // `sums`: the pair is in a chunk of sums (sums_chunk), not of activations.
+  PairPlace pair_place(int64_t pair, int width, bool sums) const {
+    if (!halves_) return {pair * 4 * width, 0};
+    const int64_t row = pair & 15, base = (pair >> 4) * 128 * width;
+    if (sums) return {base + row * 4 * width, 0};
+    return {base + (2 * row + row / 8) * 4 * width, row < 8 ? 4 * width : -4 * width};
   }
-  // Byte of element pair `pair` (of a token's vector) of token 0 of a run of
-  // `width` tokens in a tile layout; token t's is 4 t bytes on.
-  int64_t run_pair_byte(int64_t pair, int width) const {
-    if (!halves_) return pair * 4 * width;
-    const int64_t chunk = pair / 16, row = pair % 16;
-    return chunk * 128 * width + (sums_pair(pair) ? row * 4 * width : row * 8 * width + row / 8 * 4 * width);
-  }
-  // A halves layout: the bytes from a pair's dword to the token's other dword
-  // of the row, which must hold zeros (0 where there is none).
-  int64_t mirror_bytes(int64_t pair, int width) const {
-    if (!halves_ || sums_pair(pair)) return 0;
-    return pair % 16 < 8 ? 4 * width : -4 * width;
-  }
+  // Whether chunk c of a token's vector holds sums (after each block's chunks).
+  bool sums_chunk(int64_t c) const { return sums_.span && c % (sums_.block / 32 + 1) == sums_.block / 32; }
   // Byte of activation k of token `col` of a run of `width` tokens in a tile
-  // layout (a halves layout's writers zero the 2 bytes at mirror_bytes from it).
+  // layout (a halves layout's writers also zero the token's other dword: put_tile).
   int64_t tile_byte(int64_t k, int width, int col) const {
     const int64_t p = position(k);  // pair p / 2 of the run
-    return run_pair_byte(p >> 1, width) + col * 4 + (p & 1) * 2;
+    return pair_place(p >> 1, width, false).byte + col * 4 + (p & 1) * 2;
   }
   // Activation k (bf16 bits v) of slot s into its run at `run` (a tile layout).
   void put_tile(uint8_t* run, int64_t k, Slot s, uint16_t v) const;
   // Byte of the sum of the sub-block holding activation k, token `col`, in a tile layout.
   int64_t tile_sum_byte(int64_t k, int width, int col) const {
     const int64_t pair = sum_offset(k) / 4;  // row j of the block's sums is pair row (sums start) + j
-    return run_pair_byte(pair, width) + col * 4;
+    return pair_place(pair, width, true).byte + col * 4;
   }
   // The sums of the sub-blocks wholly inside activations k0 .. k0 + n - 1
   // (each summed in k order), through put(k of the sub-block's first, sum).
