@@ -173,7 +173,7 @@ class TileBody : public Generator {
   int64_t stride_of(const Reg64& r) const {
     if (r.getIdx() == reg_rb.getIdx()) return row_bytes_;
     if (r.getIdx() == reg_s64.getIdx()) return 64;
-    if (r.getIdx() == reg_tmp.getIdx()) return c_stride();  // C stores (flush_group)
+    if (r.getIdx() == reg_tmp.getIdx()) return c_stride();  // C stores (flush_groups)
     assert(r.getIdx() == reg_bs.getIdx());
     return b_row_bytes();
   }
@@ -215,11 +215,10 @@ class TileBody : public Generator {
   void advance_cursors();
   void decode_step(const Step& st, int n);
   void product_step(const Step& st, int n);
-  void flush_group(const Step& st, int gi, int n);
-  void flush_pair(const Step& st, int g0, int groups, int n);
+  void flush_groups(const Step& st, int g0, int groups, int n);
   TileScaleBlock scale_block(const Step& st, int gi, int n, const Cursor& c) const;
   void split_halves(int cb);
-  // The rule's FMAs of the group flush_group stored last, if not yet made.
+  // The rule's FMAs of the groups flush_groups stored last, if not yet made.
   void apply_deferred();
   void store_rows(int n);
   void transpose();
@@ -574,13 +573,13 @@ void TileBody::product_step(const Step& st, int n) {
     pending_ = true;
     if (pairs_) {
       const int first = st.off + span * p, last = st.off + std::min(span * (p + 1), st.cnt) - 1;
-      flush_pair(st, first / group, last / group - first / group + 1, n);
+      flush_groups(st, first / group, last / group - first / group + 1, n);
     } else if (rule_ && (st.off + span * (p + 1)) % group == 0) {
-      flush_group(st, (st.off + span * p) / group, n);
+      flush_groups(st, (st.off + span * p) / group, 1, n);
     }
   }
   if (rule_ && pending_ && st.off + st.cnt == st.n_elems)
-    flush_group(st, (st.n_elems - 1) / group, n);  // a partial block's last
+    flush_groups(st, (st.n_elems - 1) / group, 1, n);  // a partial block's last
   phase("decode");
 }
 
@@ -604,35 +603,13 @@ TileScaleBlock TileBody::scale_block(const Step& st, int gi, int n, const Cursor
   return b;
 }
 
-// Group gi of step st's block: C to memory, zeroed, and the rule's FMAs.
-void TileBody::flush_group(const Step& st, int gi, int n) {
-  phase("block-scale");
-  const int cb = cbuf_off(cur_);
-  // Packed (TileScaleBlock): rows width() dwords apart.
-  if (c_stride() == 64) {
-    t_store(rsp, cb, reg_s64, tmm_c[cur_]);
-  } else if (c_stride() == b_row_bytes()) {
-    t_store(rsp, cb, reg_bs, tmm_c[cur_]);
-  } else {
-    mov(reg_tmp, c_stride());
-    t_store(rsp, cb, reg_tmp, tmm_c[cur_]);
-  }
-  t_zero(tmm_c[cur_]);
-  const TileScaleBlock b = scale_block(st, gi, n, Cursor{rsp, cb});
-  // The previous group's FMAs now, this one's at the next flush: its C loads
-  // then read stores a group old (a vector load of a tile store just made waits
-  // for it to reach L1).
-  apply_deferred();
-  deferred_ = {b};
-  cur_ ^= 1;
-  pending_ = false;
-  phase("decode");
-}
-
-// The `groups` (1 or 2) groups from gi of a pair of half steps: C (both
-// groups' columns) to memory and zeroed; at the next flush it is split into
-// each group's packed C and the rule's FMAs follow, group by group.
-void TileBody::flush_pair(const Step& st, int g0, int groups, int n) {
+// The `groups` groups from g0 of step st's block that C holds (one; two in a
+// pair of half steps, each in columns of its own): C to memory, packed
+// (TileScaleBlock: rows width() dwords apart; both groups' in a pair), zeroed.
+// The previous flush's FMAs come now and these groups' at the next flush
+// (after splitting a pair's C per group), so their C loads read stores a
+// flush old (a vector load of a tile store just made waits for it to reach L1).
+void TileBody::flush_groups(const Step& st, int g0, int groups, int n) {
   phase("block-scale");
   const int cb = cbuf_off(cur_);
   if (c_stride() == 64) {
@@ -645,10 +622,11 @@ void TileBody::flush_pair(const Step& st, int g0, int groups, int n) {
   }
   t_zero(tmm_c[cur_]);
   std::vector<TileScaleBlock> blocks;
-  for (int g = 0; g < groups; ++g) blocks.push_back(scale_block(st, g0 + g, n, Cursor{rsp, halves_off(g)}));
+  for (int g = 0; g < groups; ++g)
+    blocks.push_back(scale_block(st, g0 + g, n, Cursor{rsp, pairs_ ? halves_off(g) : cb}));
   apply_deferred();
   deferred_ = blocks;
-  deferred_split_ = cb;
+  deferred_split_ = pairs_ ? cb : -1;
   cur_ ^= 1;
   pending_ = false;
   phase("decode");
