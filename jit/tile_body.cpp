@@ -282,7 +282,7 @@ class TileBody : public Generator {
   bool xsums_;  // whether x carries sums after each block (Decoder::xsum_span)
   // Groups of 16 (nvfp4, the K-quants with 16-element sub-blocks): each vector
   // of 32 is two half steps of 16 elements, a tdpbf16ps and a group each; or,
-  // with at most 8 tokens (pairs_), one tdpbf16ps of the whole vector whose C
+  // with at most kPairTokens tokens (pairs_), one tdpbf16ps of the whole vector whose C
   // holds each group's sums in columns of their own (the halves x layout), split
   // into the two groups' packed C after its store (split_halves).
   bool half_;
