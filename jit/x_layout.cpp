@@ -100,6 +100,13 @@ void XPrep::prepare_slot(void* buf, Slot s, const uint16_t* src, int64_t k) cons
                           [&](int64_t k0, const float* v, int64_t n) { store_slot(buf, s, k, k0, v, n); });
   uint8_t* b = run_base(buf, s.run, vb);
   for (int64_t i = 0; i < k; ++i) put_tile(b, i, s, src[i]);
+  zero_padding(b, s, k);
+}
+
+// A token's positions past K, zeroed: in a tile layout a run of another width
+// may have left activations there (a 0 weight times an inf is a NaN).
+void XPrep::zero_padding(uint8_t* run, Slot s, int64_t k) const {
+  for (int64_t i = k; i < x_stride(k); ++i) put_tile(run, i, s, 0);
 }
 
 void XPrep::put_tile(uint8_t* run, int64_t k, Slot s, uint16_t v) const {
@@ -114,9 +121,8 @@ void XPrep::store_slot(void* buf, Slot s, int64_t k, int64_t k0, const float* v,
   const int64_t vb = vector_bytes(k);
   if (!tiled()) return store(run_base(buf, s.run + s.col, vb), k0, v, n);
   uint8_t* b = run_base(buf, s.run, vb);
-  for (int64_t i = 0; i < n; ++i) {
-    put_tile(b, k0 + i, s, formats::f32_to_bf16(v[i]));
-  }
+  for (int64_t i = 0; i < n; ++i) put_tile(b, k0 + i, s, formats::f32_to_bf16(v[i]));
+  if (k0 + n == k) zero_padding(b, s, k);
   if (sums_.span)
     sum_sub_blocks(k0, v, n,
                    [&](int64_t j, float sum) { std::memcpy(b + tile_sum_byte(j, s.width, s.col), &sum, 4); });

@@ -189,6 +189,7 @@ class XPrep {
   }
   // Activation k (bf16 bits v) of slot s into its run at `run` (a tile layout).
   void put_tile(uint8_t* run, int64_t k, Slot s, uint16_t v) const;
+  void zero_padding(uint8_t* run, Slot s, int64_t k) const;
   // Byte of the sum of the sub-block holding activation k, token `col`, in a tile layout.
   int64_t tile_sum_byte(int64_t k, int width, int col) const {
     const int64_t pair = sum_offset(k) / 4;  // row j of the block's sums is pair row (sums start) + j
