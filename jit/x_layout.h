@@ -78,7 +78,8 @@ constexpr int kXSumBytes = 64;
 // The prepared-activation layout of one kernel family on its tier, and the
 // code that writes it. A prepared vector holds x_stride(k) elements (and the
 // sums, where the layout has them) in vector_bytes(k) bytes; the padding must
-// be zero (callers zero their buffers once).
+// be zero (callers zero their buffers once, and a tile layout's writers zero a
+// token's positions past K again, where runs of other widths put activations).
 class XPrep {
  public:
   XPrep() = default;  // fp32 in natural order: the scalar tier
