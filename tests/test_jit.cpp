@@ -280,7 +280,7 @@ TEST(XPrep, TileRunsPackTheirTokens) {
           EXPECT_EQ(a[i], 0xAB) << width << " " << col << " byte " << i;
           continue;
         }
-        const int64_t e = 2 * pair + in % 4 / 2;  // the element this byte holds
+        const int64_t e = 2 * pair + in % 4 / 2;           // the element this byte holds
         const uint16_t want = e < k ? src[size_t(e)] : 0;  // the token's padding past K is zeroed
         EXPECT_EQ(a[i], uint8_t(in % 2 ? want >> 8 : want)) << width << " " << col << " element " << e;
         if (e < k) {
