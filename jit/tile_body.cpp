@@ -183,8 +183,10 @@ class TileBody : public Generator {
   // Rows of a tile as configured: B tiles hold one row per element pair.
   int tile_rows(const Tmm& t) const { return t == tmm_b[0] || t == tmm_b[1] ? b_rows() : kRows; }
   // A tiles' bytes per row and B tiles' rows: 32 elements, or 16 in half steps.
-  int a_colsb() const { return half_ && !pairs_ ? 32 : 64; }
-  int b_rows() const { return half_ && !pairs_ ? 8 : kRows; }
+  int a_colsb() const { return half_steps() ? 32 : 64; }
+  int b_rows() const { return half_steps() ? 8 : kRows; }
+  // Groups of 16 in two products per vector (more tokens than pairs take).
+  bool half_steps() const { return half_ && !pairs_; }
   // C and B tiles' bytes per row: a dword per token, two in pairs of half steps.
   int c_colsb() const { return 4 * key_.tokens * (pairs_ ? 2 : 1); }
   // The row stride of C stores: packed (TileScaleBlock), both groups' lanes in pairs.
@@ -289,8 +291,7 @@ class TileBody : public Generator {
   bool pairs_;
   int cur_ = 0;                           // C tile of the current group
   bool pending_ = false;                  // products in C not yet stored
-  std::vector<TileScaleBlock> deferred_;  // groups stored, their FMAs not yet made
-  int deferred_split_ = -1;               // C buffer to split into the halves first (pairs_), or -1
+  std::vector<TileScaleBlock> deferred_;  // groups stored (C buffer cur_ ^ 1), their FMAs not yet made
   int64_t pf_next_ = 0;                   // next line offset of the current region to prefetch
   int64_t pf_span_ = 0;                   // bytes per row the current region reads
   Label l_cfg_;                           // the tile palette
@@ -490,7 +491,6 @@ void TileBody::emit_rows(int n) {
     const int cur = cur_;  // the C tiles' state before `last`'s products, for both paths
     const bool in_c = pending_;
     const std::vector<TileScaleBlock> deferred = deferred_;
-    const int split = deferred_split_;
     cmp(reg_kb, 1);
     je(l_last, T_NEAR);
     Step next = iter[0];  // the next iteration's first step, decoded before the cursors move
@@ -506,7 +506,6 @@ void TileBody::emit_rows(int n) {
     cur_ = cur;
     pending_ = in_c;
     deferred_ = deferred;
-    deferred_split_ = split;
     product_step(last, n);
     advance_cursors();
     decoded.reset();
@@ -554,7 +553,7 @@ void TileBody::product_step(const Step& st, int n) {
   assert(!(dir && half_));  // A read in place is whole vectors (bf16: unscaled)
   if (dir) prefetch_to(st, n);
   const int group = shape_.block / shape_.groups;
-  const bool halfsteps = half_ && !pairs_;
+  const bool halfsteps = half_steps();
   // Pieces of `span` elements: a vector, or half of one in half steps.
   const int span = halfsteps ? 16 : 32, pieces = (st.cnt + span - 1) / span;
   for (int p = 0; p < pieces; ++p) {
@@ -626,7 +625,6 @@ void TileBody::flush_groups(const Step& st, int g0, int groups, int n) {
     blocks.push_back(scale_block(st, g0 + g, n, Cursor{rsp, pairs_ ? halves_off(g) : cb}));
   apply_deferred();
   deferred_ = blocks;
-  deferred_split_ = pairs_ ? cb : -1;
   cur_ ^= 1;
   pending_ = false;
   phase("decode");
@@ -649,10 +647,9 @@ void TileBody::split_halves(int cb) {
 void TileBody::apply_deferred() {
   if (deferred_.empty()) return;
   phase("block-scale");
-  if (deferred_split_ >= 0) split_halves(deferred_split_);
+  if (pairs_) split_halves(cbuf_off(cur_ ^ 1));  // the C the last flush stored
   for (const TileScaleBlock& b : deferred_) rule_->tile_apply(b);
   deferred_.clear();
-  deferred_split_ = -1;
 }
 
 // The block's n rows x M tokens into y[m * rows + r].
