@@ -182,12 +182,6 @@ class XPrep {
   }
   // Whether chunk c of a token's vector holds sums (after each block's chunks).
   bool sums_chunk(int64_t c) const { return sums_.span && c % (sums_.block / 32 + 1) == sums_.block / 32; }
-  // Byte of activation k of token `col` of a run of `width` tokens in a tile
-  // layout (a halves layout's writers also zero the token's other dword: put_tile).
-  int64_t tile_byte(int64_t k, int width, int col) const {
-    const int64_t p = position(k);  // pair p / 2 of the run
-    return pair_place(p >> 1, width, false).byte + col * 4 + (p & 1) * 2;
-  }
   // Activation k (bf16 bits v) of slot s into its run at `run` (a tile layout).
   void put_tile(uint8_t* run, int64_t k, Slot s, uint16_t v) const;
   void zero_padding(uint8_t* run, Slot s, int64_t k) const;
