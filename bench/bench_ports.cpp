@@ -248,8 +248,11 @@ std::vector<Case> port_mixes() {
 // A step: `permw` vpermw per row (standing in for a decode's shuffles) and, with `stores`, the 16
 // vector stores of the decoded rows into buffer set s % sets; the A tile from set (s - lag) % sets,
 // the B tile (one token: 16 rows of 4 bytes; `diag`: 16 rows of 32 bytes from a ring of 8 tiles),
-// a tdpbf16ps. Flushes: `flush` stores C (16 rows of 4 bytes), zeroes it, and loads the C stored a
-// step earlier into an FMA, as the body's deferred scale group does; `diag` (eight groups in eight
+// a tdpbf16ps. Flushes: `flush` (every `flush` steps) stores C (16 rows of 4 bytes), zeroes it, and
+// loads the C stored a step earlier into an FMA, as the body's deferred scale group does: every step
+// is a scale group of 32 (or two of 16) elements, every 8 steps a group of 256, a K-quant
+// super-block whose sub-block scales are folded into the bf16 weights (both C tiles, which the
+// steps alternate, are flushed then); `diag` (eight groups in eight
 // columns of C, x in column s % 8 of B) stores C every 8 steps and gathers each group's 16 rows
 // from the previous store with one vpgatherdd into an FMA.
 struct TileStep {
@@ -257,7 +260,7 @@ struct TileStep {
   bool stores = true;
   int lag = 1;
   int permw = 0;
-  bool flush = false;
+  int flush = 0;  // steps per scale group; 0: no flush
   bool diag = false;
 };
 
@@ -292,11 +295,11 @@ class TileLoop : public jit::Generator {
       tileloadd(Xbyak::Tmm(4 + ab), ptr[rsi + r9 + (t.diag ? (s % 8) * 512 : s * 64)]);
       const int c = t.diag ? (s / 8) & 1 : ab;
       tdpbf16ps(Xbyak::Tmm(c), Xbyak::Tmm(2 + ab), Xbyak::Tmm(4 + ab));
-      if (t.flush) {
-        vmovups(Zmm(9), ptr[rdx + (c ^ 1) * 1024]);
-        vfmadd231ps(Zmm(21), Zmm(9), Zmm(20));
-        tilestored(ptr[rdx + r9 + c * 1024], Xbyak::Tmm(c));
-        tilezero(Xbyak::Tmm(c));
+      if (t.flush == 1) {
+        flush_c(c);
+      } else if (t.flush > 1 && s % t.flush == t.flush - 1) {
+        flush_c(c ^ 1);
+        flush_c(c);
       } else if (t.diag && s % 8 == 7) {
         tilestored(ptr[rdx + r9 + c * 1024], Xbyak::Tmm(c));
         tilezero(Xbyak::Tmm(c));
@@ -325,6 +328,15 @@ class TileLoop : public jit::Generator {
     for (int l = 0; l < 16; ++l) dd(uint32_t(4 * cols * l));
   }
   bool build(std::string* err) { return finalize(err); }
+
+ private:
+  // C tile c to its store (16 rows of 4 bytes), zeroed, and the other tile's last store into an FMA.
+  void flush_c(int c) {
+    vmovups(Zmm(9), ptr[rdx + (c ^ 1) * 1024]);
+    vfmadd231ps(Zmm(21), Zmm(9), Zmm(20));
+    tilestored(ptr[rdx + r9 + c * 1024], Xbyak::Tmm(c));
+    tilezero(Xbyak::Tmm(c));
+  }
 };
 
 void bm_tile(benchmark::State& state, TileStep t) {
@@ -359,13 +371,16 @@ std::vector<std::pair<std::string, TileStep>> tile_cases() {
       {"tile/products", {true, false}},
       {"tile/stores", {false, true}},
   };
-  for (int permw : {0, 2}) {
-    const std::string d = permw ? "+2vpermw" : "";
-    out.push_back({"tile/stores" + d + "+products_lag1", {true, true, 1, permw}});
+  for (int permw : {0, 1, 2}) {
+    const std::string d = permw == 0 ? "" : permw == 1 ? "+1vpermw" : "+2vpermw";
+    if (permw != 1) {
+      out.push_back({"tile/stores" + d + "+products_lag1", {true, true, 1, permw}});
+      out.push_back({"tile/stores" + d + "+products_lag1+flush", {true, true, 1, permw, 1}});
+      out.push_back({"tile/stores" + d + "+products_lag1+diag8", {true, true, 1, permw, 0, true}});
+    }
     out.push_back({"tile/stores" + d + "+products_lag3", {true, true, 3, permw}});
-    out.push_back({"tile/stores" + d + "+products_lag1+flush", {true, true, 1, permw, true}});
-    out.push_back({"tile/stores" + d + "+products_lag3+flush", {true, true, 3, permw, true}});
-    out.push_back({"tile/stores" + d + "+products_lag1+diag8", {true, true, 1, permw, false, true}});
+    out.push_back({"tile/stores" + d + "+products_lag3+flush", {true, true, 3, permw, 1}});
+    out.push_back({"tile/stores" + d + "+products_lag3+flush8", {true, true, 3, permw, 8}});
   }
   out.push_back({"tile/2vpermw", {false, false, 1, 2}});
   return out;
