@@ -262,6 +262,10 @@ struct TileStep {
   int permw = 0;
   int flush = 0;  // steps per scale group; 0: no flush
   bool diag = false;
+  // An e2m1 row's decode with its power-of-two group scales folded into the bf16 weights: the
+  // row's two group exponents shuffled into place, added to the table's nonzero entries (masked
+  // vpaddw), the nibbles shifted, the group bit joined to the index (vpternlogd), and the lookup.
+  bool fold = false;
 };
 
 constexpr int kTileSteps = 16;  // steps per loop iteration (sets of 2 and 4 keep their place)
@@ -277,6 +281,7 @@ class TileLoop : public jit::Generator {
     mov(r9, 4 * cols);
     vpxord(Zmm(20), Zmm(20), Zmm(20));
     vmovdqu32(Zmm(30), ptr[rip + l_idx]);
+    kxnorw(k2, k2, k2);
     tilezero(Xbyak::Tmm(0));
     tilezero(Xbyak::Tmm(1));
     L(l_loop);
@@ -285,6 +290,14 @@ class TileLoop : public jit::Generator {
       for (int r = 0; r < 16; ++r) {
         const Zmm z(r % 8);
         for (int w = 0; w < t.permw; ++w) vpermw(Zmm(8 + (w + r) % 8), Zmm(16 + w % 4), z);
+        if (t.fold) {
+          const Zmm e(22 + r % 2), table(24 + r % 2), idx(27 - r % 2 * 4);
+          vpermw(e, Zmm(28), Zmm(29));
+          vpaddw(table | k2 | T_z, Zmm(26), e);
+          vpsrlw(idx, z, 4);
+          vpternlogd(idx, Zmm(17), Zmm(18), 0xE4);
+          vpermw(Zmm(8 + r % 8), idx, table);
+        }
         if (t.stores) {
           vpaddd(z, z, Zmm(20));
           vmovups(ptr[rdi + dset * 1024 + 64 * r], z);
@@ -382,6 +395,7 @@ std::vector<std::pair<std::string, TileStep>> tile_cases() {
     out.push_back({"tile/stores" + d + "+products_lag3+flush", {true, true, 3, permw, 1}});
     out.push_back({"tile/stores" + d + "+products_lag3+flush8", {true, true, 3, permw, 8}});
   }
+  out.push_back({"tile/stores+fold+products_lag3+flush8", {true, true, 3, 0, 8, false, true}});
   out.push_back({"tile/2vpermw", {false, false, 1, 2}});
   return out;
 }
