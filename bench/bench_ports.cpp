@@ -291,9 +291,9 @@ class TileLoop : public jit::Generator {
         const Zmm z(r % 8);
         for (int w = 0; w < t.permw; ++w) vpermw(Zmm(8 + (w + r) % 8), Zmm(16 + w % 4), z);
         if (t.fold) {
-          const Zmm e(22 + r % 2), table(24 + r % 2), idx(27 - r % 2 * 4);
+          const Zmm e(22 + r % 2), table(24 + r % 2), idx(r % 2 ? 31 : 27);
           vpermw(e, Zmm(28), Zmm(29));
-          vpaddw(table | k2 | T_z, Zmm(26), e);
+          vpaddw(table | k2 | T_z, Zmm(26), e);  // k2: the nonzero entries (all ones here)
           vpsrlw(idx, z, 4);
           vpternlogd(idx, Zmm(17), Zmm(18), 0xE4);
           vpermw(Zmm(8 + r % 8), idx, table);
