@@ -308,10 +308,8 @@ class TileLoop : public jit::Generator {
       tileloadd(Xbyak::Tmm(4 + ab), ptr[rsi + r9 + (t.diag ? (s % 8) * 512 : s * 64)]);
       const int c = t.diag ? (s / 8) & 1 : ab;
       tdpbf16ps(Xbyak::Tmm(c), Xbyak::Tmm(2 + ab), Xbyak::Tmm(4 + ab));
-      if (t.flush == 1) {
-        flush_c(c);
-      } else if (t.flush > 1 && s % t.flush == t.flush - 1) {
-        flush_c(c ^ 1);
+      if (t.flush > 0 && s % t.flush == t.flush - 1) {
+        if (t.flush > 1) flush_c(c ^ 1);  // a group of several steps: both C tiles hold it
         flush_c(c);
       } else if (t.diag && s % 8 == 7) {
         tilestored(ptr[rdx + r9 + c * 1024], Xbyak::Tmm(c));
